@@ -1,0 +1,34 @@
+# Every target installs what it needs into .venv by itself.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: venv data demo test test-fast bench clean
+
+$(STAMP): pyproject.toml requirements-dev.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -c "import ember, torch; print('ember', ember.__version__, 'with torch', torch.__version__)"
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+data: venv
+	@PYTHON=$(PY) bash scripts/fetch_mnist.sh
+
+demo: venv data
+	$(PY) examples/mnist/training.py $(ARGS)
+	$(PY) examples/mnist/inference.py
+
+test: venv data
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: venv data
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) artifacts .pytest_cache .hypothesis

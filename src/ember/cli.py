@@ -1,0 +1,33 @@
+"""The `ember` command: `ember summary DIR`, `ember --version`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ember._version import __version__
+from ember.errors import EmberError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ember", description="Inspect ember training runs.")
+    parser.add_argument("--version", action="version", version=f"ember {__version__}")
+    commands = parser.add_subparsers(dest="command")
+    summary = commands.add_parser("summary", help="print the metric summary of a run")
+    summary.add_argument("artifact_dir")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "summary":
+            from ember.train.summary import LearnerSummary
+
+            print(LearnerSummary.from_dir(args.artifact_dir).table())
+            return 0
+    except EmberError as error:
+        print(f"ember: {error}", file=sys.stderr)
+        return 2
+    parser.print_help()
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

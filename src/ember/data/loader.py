@@ -1,0 +1,99 @@
+"""`DataLoaderBuilder`: a torch DataLoader configured the way training needs it."""
+
+from __future__ import annotations
+
+from typing import Any, Sized
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ember.data.batcher import Batcher, _BatcherCollate
+from ember.data.sampler import ResumableSampler
+from ember.errors import ConfigError, DatasetError
+
+
+class DataLoaderBuilder:
+    """Chained options, then `build(dataset)` returns a plain `torch.utils.data.DataLoader`.
+
+    Shuffling is seeded per epoch (see `ResumableSampler`); the loader gets its own
+    random generator so building or iterating it never disturbs the global RNG.
+    """
+
+    def __init__(self, batcher: Batcher[Any, Any] | None = None) -> None:
+        self._batcher = batcher
+        self._batch_size = 1
+        self._seed: int | None = None
+        self._num_workers = 0
+        self._drop_last = False
+        self._pin_memory: bool | None = None
+        self._persistent_workers = True
+        self._prefetch_factor: int | None = None
+
+    def batch_size(self, size: int) -> DataLoaderBuilder:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ConfigError(f"batch_size must be a positive int, got {size!r}.")
+        self._batch_size = size
+        return self
+
+    def shuffle(self, seed: int) -> DataLoaderBuilder:
+        """Shuffle every epoch, in an order fixed by `seed` and the epoch number."""
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ConfigError(f"shuffle() takes an int seed, got {seed!r}.")
+        self._seed = seed
+        return self
+
+    def num_workers(self, workers: int) -> DataLoaderBuilder:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+            raise ConfigError(f"num_workers must be an int >= 0, got {workers!r}.")
+        self._num_workers = workers
+        return self
+
+    def drop_last(self, drop: bool = True) -> DataLoaderBuilder:
+        self._drop_last = bool(drop)
+        return self
+
+    def pin_memory(self, pin: bool = True) -> DataLoaderBuilder:
+        """Pin host memory for faster copies to CUDA (default: on when CUDA is available)."""
+        self._pin_memory = bool(pin)
+        return self
+
+    def persistent_workers(self, keep: bool = True) -> DataLoaderBuilder:
+        """Keep worker processes alive between epochs (default: on)."""
+        self._persistent_workers = bool(keep)
+        return self
+
+    def prefetch_factor(self, factor: int) -> DataLoaderBuilder:
+        self._prefetch_factor = int(factor)
+        return self
+
+    def build(self, dataset: Dataset[Any]) -> DataLoader[Any]:
+        if not isinstance(dataset, Sized):
+            raise DatasetError(
+                f"{type(dataset).__name__} has no __len__: DataLoaderBuilder needs a "
+                "map-style dataset. Use torch.utils.data.DataLoader directly for iterable datasets."
+            )
+        if len(dataset) == 0:
+            raise DatasetError(
+                f"The dataset {type(dataset).__name__} is empty (length 0): there is nothing to "
+                "train on. Check the path or the filter that produced it."
+            )
+        generator = torch.Generator()
+        generator.manual_seed(self._seed if self._seed is not None else 0)
+        pin = torch.cuda.is_available() if self._pin_memory is None else self._pin_memory
+        workers = self._num_workers
+        extra: dict[str, Any] = {}
+        if workers > 0:
+            extra["persistent_workers"] = self._persistent_workers
+            if self._prefetch_factor is not None:
+                extra["prefetch_factor"] = self._prefetch_factor
+        return DataLoader(
+            dataset,
+            batch_size=self._batch_size,
+            sampler=ResumableSampler(dataset, self._seed),
+            num_workers=workers,
+            collate_fn=_BatcherCollate(self._batcher) if self._batcher is not None else None,
+            drop_last=self._drop_last,
+            pin_memory=pin,
+            generator=generator,
+            **extra,
+        )

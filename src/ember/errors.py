@@ -1,0 +1,23 @@
+"""ember's exceptions: every error a user can act on derives from `EmberError`."""
+
+from __future__ import annotations
+
+
+class EmberError(Exception):
+    """Base class of every error ember raises on purpose."""
+
+
+class ConfigError(EmberError, ValueError):
+    """A configuration value is missing, misspelled or of the wrong type."""
+
+
+class RecordError(EmberError):
+    """A record file cannot be read or does not fit its target."""
+
+
+class TrainingError(EmberError):
+    """The learner was set up wrongly or training cannot continue."""
+
+
+class DatasetError(EmberError):
+    """A dataset is missing, corrupt or malformed."""

@@ -1,0 +1,73 @@
+"""The learning-rate scheduler protocol and its driver inside the loop."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from ember.errors import TrainingError
+
+
+@runtime_checkable
+class LrScheduler(Protocol):
+    """Gives the learning rate of each optimizer step, in order; its state resumes it."""
+
+    def step(self) -> float:
+        """The learning rate to use for the next optimizer step."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...
+
+
+class LrDriver:
+    """Applies a scheduler to an optimizer once per optimizer step.
+
+    ember schedulers: the rate is written into every param group before the step.
+    `torch.optim.lr_scheduler` objects: they set the rate themselves; ember steps them
+    after each optimizer step, as PyTorch expects.
+    """
+
+    def __init__(self, scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
+        self.scheduler = scheduler
+        self.optimizer = optimizer
+        self.is_torch = isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)
+        if self.is_torch and scheduler.optimizer is not optimizer:
+            raise TrainingError(
+                f"The {type(scheduler).__name__} given to build() drives another optimizer "
+                "than the one the learner uses. Create the torch scheduler on the same "
+                "torch optimizer you pass to build()."
+            )
+        self.last_lr: float = float(optimizer.param_groups[0]["lr"])
+
+    def before_step(self) -> float:
+        """Set and return the learning rate of the coming optimizer step."""
+        if self.is_torch:
+            self.last_lr = float(self.optimizer.param_groups[0]["lr"])
+            return self.last_lr
+        lr = float(self.scheduler.step())
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.last_lr = lr
+        return lr
+
+    def after_step(self) -> None:
+        if self.is_torch:
+            self.scheduler.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"type": type(self.scheduler).__name__, "state": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        expected = type(self.scheduler).__name__
+        found = state.get("type") if isinstance(state, dict) else None
+        if found != expected:
+            raise TrainingError(
+                f"The checkpoint holds the state of a {found} learning-rate scheduler, but "
+                f"this run uses {expected}. Resume with the scheduler the run was started with."
+            )
+        self.scheduler.load_state_dict(state["state"])

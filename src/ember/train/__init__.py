@@ -1,0 +1,31 @@
+"""Training: the LearnerBuilder, the Learner, step protocols and outputs."""
+
+from ember.train.builder import LearnerBuilder
+from ember.train.events import End, EndEpoch, Listener, ProcessedItem, Start
+from ember.train.interrupter import Interrupter
+from ember.train.learner import Learner
+from ember.train.output import (
+    ClassificationOutput,
+    MultiLabelClassificationOutput,
+    RegressionOutput,
+    SequenceOutput,
+)
+from ember.train.step import TrainOutput, TrainStep, ValidStep
+
+__all__ = [
+    "ClassificationOutput",
+    "End",
+    "EndEpoch",
+    "Interrupter",
+    "Learner",
+    "LearnerBuilder",
+    "Listener",
+    "MultiLabelClassificationOutput",
+    "ProcessedItem",
+    "RegressionOutput",
+    "SequenceOutput",
+    "Start",
+    "TrainOutput",
+    "TrainStep",
+    "ValidStep",
+]

@@ -1,0 +1,280 @@
+"""`LearnerBuilder`: collects and validates a run's options, then builds a `Learner`."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from ember.errors import ConfigError, TrainingError
+from ember.lr.base import LrDriver
+from ember.lr.constant import ConstantLr
+from ember.train.checkpoint.file import FileCheckpointer
+from ember.train.interrupter import Interrupter
+from ember.train.logger.base import MetricLogger
+from ember.train.step import check_steps
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{what} must be an int >= 1, got {value!r}.")
+    return value
+
+
+class LearnerBuilder:
+    """Options of a training run, as chained calls; `build(model, optimizer, lr)`.
+
+    Everything a run writes goes under `artifact_dir`. A directory that already holds
+    a run is refused unless you resume (`checkpoint(n)`) or pass `overwrite=True`.
+    """
+
+    def __init__(self, artifact_dir: str | os.PathLike[str], *, overwrite: bool = False) -> None:
+        self._artifact_dir = Path(artifact_dir)
+        self._overwrite = overwrite
+        self._metrics: dict[str, list[tuple[Any, bool]]] = {"train": [], "valid": []}
+        self._loggers: dict[str, list[MetricLogger]] = {"train": [], "valid": []}
+        self._renderer: Any = None
+        self._grads_accumulation = 1
+        self._recorder: Any = None
+        self._num_epochs = 1
+        self._devices: list[torch.device] | None = None
+        self._checkpoint: int | None = None
+        self._interrupter = Interrupter()
+        self._listeners: list[Any] = []
+        self._application_log: bool = True
+        self._summary = False
+
+    # Metrics -----------------------------------------------------------------
+    def _add_metric(self, split: str, metric: Any, numeric: bool) -> LearnerBuilder:
+        for attribute in ("name", "input_type", "update", "clear"):
+            if not hasattr(metric, attribute):
+                raise ConfigError(
+                    f"{type(metric).__name__} is not a metric: it has no `{attribute}`. A metric "
+                    "has `name`, `input_type`, `update(input, meta)` and `clear()`."
+                )
+        name = str(metric.name)
+        if any(str(existing.name) == name for existing, _ in self._metrics[split]):
+            raise ConfigError(
+                f"The metric {name!r} is registered twice for {split}: register each metric "
+                "once per split (a numeric metric is also shown as text)."
+            )
+        self._metrics[split].append((metric, numeric))
+        return self
+
+    def metric_train(self, metric: Any) -> LearnerBuilder:
+        """A training metric, shown as text and logged."""
+        return self._add_metric("train", metric, numeric=False)
+
+    def metric_valid(self, metric: Any) -> LearnerBuilder:
+        """A validation metric, shown as text and logged."""
+        return self._add_metric("valid", metric, numeric=False)
+
+    def metric_train_numeric(self, metric: Any) -> LearnerBuilder:
+        """A training metric, shown, logged and plotted."""
+        return self._add_metric("train", metric, numeric=True)
+
+    def metric_valid_numeric(self, metric: Any) -> LearnerBuilder:
+        """A validation metric, shown, logged and plotted."""
+        return self._add_metric("valid", metric, numeric=True)
+
+    # Output ------------------------------------------------------------------
+    def metric_loggers(
+        self,
+        train: MetricLogger | Sequence[MetricLogger],
+        valid: MetricLogger | Sequence[MetricLogger],
+    ) -> LearnerBuilder:
+        """Extra metric loggers per split, beside the files under `train/` and `valid/`
+        (which are always written: summaries and best-epoch choices read them)."""
+        for split, given in (("train", train), ("valid", valid)):
+            loggers = list(given) if isinstance(given, (list, tuple)) else [given]
+            for logger in loggers:
+                if not all(hasattr(logger, name) for name in ("log", "end_epoch", "close")):
+                    raise ConfigError(
+                        f"{type(logger).__name__} is not a metric logger: it needs "
+                        "log(split, epoch, records), end_epoch(split, epoch, aggregates), close()."
+                    )
+            self._loggers[split].extend(loggers)
+        return self
+
+    def renderer(self, renderer: Any) -> LearnerBuilder:
+        """How progress is shown (default: plain text lines)."""
+        self._renderer = renderer
+        return self
+
+    def with_application_logger(self, enabled: bool = True) -> LearnerBuilder:
+        """Write Python logging of the run to `experiment.log` (default on)."""
+        self._application_log = bool(enabled)
+        return self
+
+    def summary(self) -> LearnerBuilder:
+        """Print (and log) a table of each metric's min and max epoch values at the end."""
+        self._summary = True
+        return self
+
+    def listener(self, listener: Any) -> LearnerBuilder:
+        """Register an object with `on_event(event)` to hook into the loop."""
+        if not callable(getattr(listener, "on_event", None)):
+            raise ConfigError(f"{type(listener).__name__} has no on_event(event) method.")
+        self._listeners.append(listener)
+        return self
+
+    # Training ----------------------------------------------------------------
+    def grads_accumulation(self, steps: int) -> LearnerBuilder:
+        """Step the optimizer every `steps` batches (gradients summed as a mean)."""
+        self._grads_accumulation = _positive_int(steps, "grads_accumulation")
+        return self
+
+    def num_epochs(self, epochs: int) -> LearnerBuilder:
+        self._num_epochs = _positive_int(epochs, "num_epochs")
+        return self
+
+    def devices(self, devices: Sequence[str | torch.device]) -> LearnerBuilder:
+        """The devices to train on, e.g. `["cpu"]` or `["cuda:0"]`."""
+        if isinstance(devices, (str, torch.device)):
+            devices = [devices]
+        if not devices:
+            raise ConfigError("devices() needs at least one device, e.g. devices(['cpu']).")
+        try:
+            parsed = [torch.device(device) for device in devices]
+        except (RuntimeError, TypeError) as error:
+            raise ConfigError(f"devices(): {error}") from None
+        if len(parsed) > 1:
+            raise ConfigError(
+                f"devices() got {len(parsed)} devices; this version trains on one device. "
+                "Pass a single device."
+            )
+        self._devices = parsed
+        return self
+
+    def with_file_checkpointer(self, recorder: Any) -> LearnerBuilder:
+        """Save model, optimizer and scheduler states under `checkpoint/` after each epoch."""
+        for attribute in ("save", "load", "file_extension"):
+            if not hasattr(recorder, attribute):
+                raise ConfigError(
+                    f"{type(recorder).__name__} is not a recorder: it has no `{attribute}`."
+                )
+        self._recorder = recorder
+        return self
+
+    def checkpoint(self, epoch: int) -> LearnerBuilder:
+        """Resume from the checkpoint of `epoch` and continue at `epoch + 1`."""
+        self._checkpoint = _positive_int(epoch, "checkpoint")
+        return self
+
+    def interrupter(self) -> Interrupter:
+        """The handle that stops this run gracefully (`stop(message)`)."""
+        return self._interrupter
+
+    # Build -------------------------------------------------------------------
+    def build(self, model: torch.nn.Module, optimizer: Any, lr: Any) -> Any:
+        """The Learner for `model`. `optimizer` is a torch optimizer over the model's
+        parameters or an ember optimizer config; `lr` a float, an ember scheduler or a
+        `torch.optim.lr_scheduler` object."""
+        from ember.train.learner import Learner
+
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"build() needs a torch.nn.Module, got {type(model).__name__}.")
+        check_steps(model)
+        device = self._devices[0] if self._devices else _model_device(model)
+        model.to(device)
+        scheduler = _scheduler(lr)
+        torch_optimizer = _bind_optimizer(optimizer, model, _initial_lr(scheduler))
+        driver = LrDriver(scheduler, torch_optimizer)
+        checkpointer = None
+        if self._recorder is not None:
+            checkpointer = FileCheckpointer(self._artifact_dir / "checkpoint", self._recorder)
+        if self._checkpoint is not None:
+            if checkpointer is None:
+                raise ConfigError(
+                    "checkpoint() resumes from saved files, but no file checkpointer is set: "
+                    "add with_file_checkpointer(recorder) with the recorder of the first run."
+                )
+            if self._checkpoint not in checkpointer.epochs():
+                available = checkpointer.epochs()
+                listing = ", ".join(map(str, available)) if available else "none"
+                raise ConfigError(
+                    f"checkpoint({self._checkpoint}): there is no checkpoint of epoch "
+                    f"{self._checkpoint} in {checkpointer.directory} (epochs saved: {listing})."
+                )
+            if self._checkpoint >= self._num_epochs:
+                raise ConfigError(
+                    f"checkpoint({self._checkpoint}) resumes after epoch {self._checkpoint}, "
+                    f"but num_epochs is {self._num_epochs}: raise num_epochs to train further."
+                )
+        from ember.train.renderer.plain import PlainRenderer
+
+        return Learner(
+            model=model,
+            optimizer=torch_optimizer,
+            lr_driver=driver,
+            device=device,
+            artifact_dir=self._artifact_dir,
+            overwrite=self._overwrite,
+            num_epochs=self._num_epochs,
+            metrics=self._metrics,
+            loggers=self._loggers,
+            renderer=self._renderer if self._renderer is not None else PlainRenderer(),
+            grads_accumulation=self._grads_accumulation,
+            checkpointer=checkpointer,
+            resume_epoch=self._checkpoint,
+            interrupter=self._interrupter,
+            listeners=self._listeners,
+            application_log=self._application_log,
+            summary=self._summary,
+        )
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _scheduler(lr: Any) -> Any:
+    if isinstance(lr, (int, float)) and not isinstance(lr, bool):
+        return ConstantLr(float(lr))
+    if isinstance(lr, torch.optim.lr_scheduler.LRScheduler):
+        return lr
+    if all(callable(getattr(lr, name, None)) for name in ("step", "state_dict", "load_state_dict")):
+        return lr
+    if callable(getattr(lr, "init", None)):
+        return _scheduler(lr.init())
+    raise ConfigError(
+        f"build() got {lr!r} as learning rate: pass a float (constant rate), an ember "
+        "scheduler (ember.lr) or a torch.optim.lr_scheduler object."
+    )
+
+
+def _initial_lr(scheduler: Any) -> float:
+    if isinstance(scheduler, ConstantLr):
+        return scheduler.lr
+    return 0.0 if not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler) else math.nan
+
+
+def _bind_optimizer(optimizer: Any, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    if isinstance(optimizer, torch.optim.Optimizer):
+        owned = {id(p) for p in model.parameters()}
+        foreign = [
+            p for group in optimizer.param_groups for p in group["params"] if id(p) not in owned
+        ]
+        if foreign:
+            raise ConfigError(
+                f"The optimizer updates {len(foreign)} tensor(s) that are not parameters of "
+                f"{type(model).__name__}: it was created for another model (or a copy). Create it "
+                "from this model's parameters, e.g. torch.optim.Adam(model.parameters()), or pass "
+                "an ember optimizer config (ember.optim.AdamConfig()) and let ember bind it."
+            )
+        return optimizer
+    factory = optimizer.init() if callable(getattr(optimizer, "init", None)) else optimizer
+    if callable(getattr(factory, "bind", None)):
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if not trainable:
+            raise ConfigError(f"{type(model).__name__} has no trainable parameters.")
+        return factory.bind(trainable, lr if math.isfinite(lr) else 0.0)
+    raise ConfigError(
+        f"build() got {type(optimizer).__name__} as optimizer: pass a torch.optim.Optimizer "
+        "over the model's parameters or an ember optimizer config such as AdamConfig()."
+    )

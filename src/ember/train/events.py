@@ -1,0 +1,54 @@
+"""Events the loop emits; listeners (`on_event`) hook in without touching the loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Start:
+    """Training starts (or resumes) at `epoch`."""
+
+    epoch: int
+    num_epochs: int
+    artifact_dir: str
+
+
+@dataclass(frozen=True)
+class ProcessedItem:
+    """One batch went through a step (`split` is "train" or "valid")."""
+
+    split: str
+    epoch: int
+    iteration: int
+    num_iterations: int | None
+    item: Any
+    lr: float | None
+
+
+@dataclass(frozen=True)
+class EndEpoch:
+    """Both splits of `epoch` are done; `aggregates[split][metric]` are the epoch values."""
+
+    epoch: int
+    aggregates: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class End:
+    """Training ended after `epoch`; `reason` says why ("completed", "stopped: ...", "failed")."""
+
+    epoch: int
+    reason: str
+
+
+Event = Start | ProcessedItem | EndEpoch | End
+
+
+@runtime_checkable
+class Listener(Protocol):
+    """Anything with `on_event(event)`; registered with `LearnerBuilder.listener(...)`."""
+
+    def on_event(self, event: Event) -> None:
+        ...

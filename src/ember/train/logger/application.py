@@ -1,0 +1,42 @@
+"""The application logger: Python logging of a run into `experiment.log`."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+LOGGER_NAME = "ember"
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class FileApplicationLogger:
+    """Attaches a file handler at INFO to the `ember` logger for the length of a run."""
+
+    def __init__(self, path: str | os.PathLike[str], level: int = logging.INFO) -> None:
+        self.path = Path(path)
+        self.level = level
+        self._handler: logging.Handler | None = None
+        self._previous_level: int | None = None
+
+    def install(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(self.path, mode="a", encoding="utf-8")
+        handler.setLevel(self.level)
+        handler.setFormatter(logging.Formatter(FORMAT))
+        logger = logging.getLogger(LOGGER_NAME)
+        self._previous_level = logger.level
+        if logger.level == logging.NOTSET or logger.level > self.level:
+            logger.setLevel(self.level)
+        logger.addHandler(handler)
+        self._handler = handler
+
+    def uninstall(self) -> None:
+        if self._handler is None:
+            return
+        logger = logging.getLogger(LOGGER_NAME)
+        logger.removeHandler(self._handler)
+        self._handler.close()
+        self._handler = None
+        if self._previous_level is not None:
+            logger.setLevel(self._previous_level)

@@ -1,0 +1,67 @@
+"""The metric protocol: a tiny reset / update / name contract.
+
+A metric turns one step's output into a value for that iteration. Values may be
+tensors on the device: ember moves them to the host in bulk, never one `.item()`
+per iteration. The epoch value of a numeric metric is the weighted mean of its
+iteration values (weight = batch size unless the metric says otherwise), unless
+the metric defines `epoch_value()` (e.g. AUROC, which needs the whole epoch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Union, runtime_checkable
+
+import torch
+
+Number = Union[torch.Tensor, float, int]
+
+
+@dataclass(frozen=True)
+class MetricMetadata:
+    """Where the loop stands when a metric is updated."""
+
+    split: str
+    epoch: int
+    num_epochs: int
+    iteration: int
+    num_iterations: int | None
+    lr: float | None
+
+
+@dataclass(frozen=True)
+class MetricValue:
+    """One iteration's value and its weight in the epoch mean (usually the batch size).
+
+    `value` may be a tensor on the device, a number, or a string (text metrics).
+    """
+
+    value: Number | str
+    weight: Number = 1
+
+
+@runtime_checkable
+class Metric(Protocol):
+    """A metric. `name` is stable: it names the metric's log file."""
+
+    name: str
+    input_type: type
+
+    def update(self, input: Any, meta: MetricMetadata) -> MetricValue:
+        """Read one step's (adapted) output; return this iteration's value."""
+        ...
+
+    def clear(self) -> None:
+        """Forget everything: called at the start of every epoch."""
+        ...
+
+
+def metric_unit(metric: Any) -> str:
+    """The unit a metric reports in ("%" for accuracies, "" when unitless)."""
+    return str(getattr(metric, "unit", ""))
+
+
+def metric_higher_is_better(metric: Any) -> bool | None:
+    """Whether larger values are better, when the metric says so."""
+    value = getattr(metric, "higher_is_better", None)
+    return None if value is None else bool(value)

@@ -1,0 +1,63 @@
+"""The input types metrics read, produced from model outputs by `adapt`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LossInput:
+    """A scalar loss and the number of samples it was averaged over."""
+
+    loss: torch.Tensor
+    batch_size: int
+
+
+@dataclass
+class ClassificationInput:
+    """Scores or logits [N, C] (or binary scores [N]) and class indices [N]."""
+
+    output: torch.Tensor
+    targets: torch.Tensor
+    pad_token: int | None = None
+
+
+@dataclass
+class MultiLabelInput:
+    """Scores [N, C] and 0/1 targets [N, C]."""
+
+    output: torch.Tensor
+    targets: torch.Tensor
+
+
+@dataclass
+class RegressionInput:
+    """Predictions and targets of the same shape."""
+
+    output: torch.Tensor
+    targets: torch.Tensor
+
+
+@dataclass
+class SequenceInput:
+    """Logits [B, T, V], token ids [B, T] and an optional padding token."""
+
+    logits: torch.Tensor
+    targets: torch.Tensor
+    pad_token: int | None = None
+
+
+@dataclass
+class ScoresInput:
+    """Scores and targets for ranking metrics such as AUROC, single- or multi-label.
+
+    Single-label: scores [N] / [N, C] and class indices [N]; multi-label
+    (`multilabel=True`): scores [N, C] and 0/1 targets [N, C].
+    """
+
+    output: torch.Tensor
+    targets: torch.Tensor
+    multilabel: bool = False
+    pad_token: int | None = None

@@ -1,0 +1,155 @@
+"""Feeds step outputs to the metrics, and metric values to the loggers and the renderer.
+
+Metric updates stay on the device. Every `tick` seconds (and at each split's end)
+the pending values move to the host in one transfer, then go to the loggers and
+the renderer. The loop never waits on an accelerator for a metric.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import torch
+
+from ember.train.logger.base import MetricLogger, MetricRecord
+from ember.train.metric.adapt import adapt
+from ember.train.metric.base import MetricMetadata
+from ember.train.metric.state import MetricState, to_host
+from ember.train.renderer.base import MetricView, Progress, Renderer
+
+
+class MetricsProcessor:
+    """Owns the metric states of both splits for one run."""
+
+    def __init__(
+        self,
+        metrics: dict[str, list[tuple[Any, bool]]],
+        loggers: dict[str, Sequence[MetricLogger]],
+        renderer: Renderer | None,
+        num_epochs: int,
+        tick: float = 0.1,
+    ) -> None:
+        self.states = {
+            split: [MetricState(metric, numeric) for metric, numeric in entries]
+            for split, entries in metrics.items()
+        }
+        self.loggers = loggers
+        self.renderer = renderer
+        self.num_epochs = num_epochs
+        self.tick = tick
+        self._split = "train"
+        self._epoch = 0
+        self._iteration = 0
+        self._num_iterations: int | None = None
+        self._items = 0
+        self._started = 0.0
+        self._next_tick = 0.0
+
+    def start_split(self, split: str, epoch: int, num_iterations: int | None, first_iteration: int = 1) -> None:
+        self._split = split
+        self._epoch = epoch
+        self._iteration = first_iteration - 1
+        self._num_iterations = num_iterations
+        self._items = 0
+        self._started = time.monotonic()
+        self._next_tick = self._started + self.tick
+        for state in self.states.get(split, ()):
+            state.clear()
+
+    def check(self, split: str, item: Any) -> None:
+        """Raise a clear error if a metric of `split` cannot read `item`."""
+        for state in self.states.get(split, ()):
+            adapt(item, state.input_type, state.name)
+
+    def update(self, item: Any, iteration: int, batch_size: int, lr: float | None) -> None:
+        """One step's output: update every metric of the current split (no host sync)."""
+        self._iteration = iteration
+        self._items += batch_size
+        states = self.states.get(self._split)
+        if states:
+            meta = MetricMetadata(
+                self._split, self._epoch, self.num_epochs, iteration, self._num_iterations, lr
+            )
+            with torch.no_grad():
+                for state in states:
+                    value = state.metric.update(adapt(item, state.input_type, state.name), meta)
+                    state.pending.append((iteration, value))
+        if time.monotonic() >= self._next_tick:
+            self.flush()
+
+    def progress(self) -> Progress:
+        return Progress(
+            self._split,
+            self._epoch,
+            self.num_epochs,
+            self._iteration,
+            self._num_iterations,
+            self._items,
+            time.monotonic() - self._started,
+        )
+
+    def _drain(self) -> list[MetricRecord]:
+        """Move pending values to the host (one transfer) and return the numeric records."""
+        states = self.states.get(self._split, ())
+        numbers: list[Any] = []
+        for state in states:
+            for _, value in state.pending:
+                if not isinstance(value.value, str):
+                    numbers.append(value.value)
+                    numbers.append(value.weight)
+        host = iter(to_host(numbers))
+        records: list[MetricRecord] = []
+        for state in states:
+            rows: list[tuple[float, float]] = []
+            for iteration, value in state.pending:
+                if isinstance(value.value, str):
+                    state.last = value.value
+                    continue
+                number, weight = next(host), next(host)
+                rows.append((number, weight))
+                records.append(MetricRecord(state.name, iteration, number, weight))
+            state.pending.clear()
+            state.add_rows(rows)
+        return records
+
+    def views(self, final: dict[str, float] | None = None) -> list[MetricView]:
+        """Every metric as shown; `final` holds the epoch values of the split that ended."""
+        result = []
+        for split, states in self.states.items():
+            for state in states:
+                if final is not None and split == self._split:
+                    value = final.get(state.name)
+                else:
+                    value = state.running
+                result.append(
+                    MetricView(split, state.name, state.unit, state.numeric, state.last, value)
+                )
+        return result
+
+    def flush(self) -> None:
+        """A render tick: host transfer, loggers, renderer."""
+        records = self._drain()
+        if records:
+            for logger in self.loggers.get(self._split, ()):
+                logger.log(self._split, self._epoch, records)
+        if self.renderer is not None:
+            self.renderer.update(self.progress(), self.views(), records)
+        self._next_tick = time.monotonic() + self.tick
+
+    def end_split(self) -> dict[str, float]:
+        """Finish the current split's epoch; return each metric's epoch value."""
+        records = self._drain()
+        if records:
+            for logger in self.loggers.get(self._split, ()):
+                logger.log(self._split, self._epoch, records)
+        aggregates: dict[str, float] = {}
+        for state in self.states.get(self._split, ()):
+            value = state.epoch_value()
+            if value is not None:
+                aggregates[state.name] = value
+        for logger in self.loggers.get(self._split, ()):
+            logger.end_epoch(self._split, self._epoch, aggregates)
+        if self.renderer is not None:
+            self.renderer.end_split(self.progress(), self.views(final=aggregates))
+        return aggregates

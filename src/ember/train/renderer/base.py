@@ -1,0 +1,75 @@
+"""The renderer protocol: how a run shows itself while it trains."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from ember.train.logger.base import MetricRecord
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a renderer knows when training starts."""
+
+    artifact_dir: str
+    start_epoch: int
+    num_epochs: int
+    model_name: str
+    num_parameters: int
+    devices: tuple[str, ...]
+    metrics: tuple[tuple[str, str, str, bool], ...] = ()
+    """Registered metrics as (split, name, unit, numeric)."""
+    interrupter: Any = None
+    """The run's `Interrupter`: a renderer calls `stop(message)` on it to end the run gracefully."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a split stands within its epoch."""
+
+    split: str
+    epoch: int
+    num_epochs: int
+    iteration: int
+    num_iterations: int | None
+    items: int
+    elapsed: float
+
+    @property
+    def items_per_second(self) -> float:
+        return self.items / self.elapsed if self.elapsed > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class MetricView:
+    """A metric as a renderer shows it: its last iteration value and the epoch so far."""
+
+    split: str
+    name: str
+    unit: str
+    numeric: bool
+    last: float | str | None
+    epoch_value: float | None
+
+
+@runtime_checkable
+class Renderer(Protocol):
+    """Receives progress at render ticks (at most ~10 per second) and epoch results."""
+
+    def start(self, info: RunInfo) -> None:
+        ...
+
+    def update(
+        self, progress: Progress, metrics: Sequence[MetricView], records: Sequence[MetricRecord]
+    ) -> None:
+        """A tick: current progress, every metric's state, and the new iteration values."""
+        ...
+
+    def end_split(self, progress: Progress, metrics: Sequence[MetricView]) -> None:
+        """A split's epoch ended; `metrics` carry the epoch values."""
+        ...
+
+    def end(self, reason: str) -> None:
+        """Training ended (completed, stopped or failed); release the terminal."""
+        ...

@@ -1,0 +1,77 @@
+"""The plain renderer: short progress lines, no terminal control codes (logs, CI, pipes)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO, Sequence
+
+from ember.train.logger.base import MetricRecord
+from ember.train.renderer.base import MetricView, Progress, RunInfo
+from ember.train.renderer.format import format_duration, format_number
+
+
+class PlainRenderer:
+    """Prints a progress line at most every `interval` seconds and one line per split
+    per epoch. Plain text only, so it reads well in a log file."""
+
+    def __init__(self, interval: float = 10.0, stream: IO[str] | None = None) -> None:
+        if interval < 0:
+            raise ValueError(f"interval must be >= 0 seconds, got {interval!r}")
+        self.interval = float(interval)
+        self.stream = stream
+        self._last = 0.0
+
+    def _write(self, line: str) -> None:
+        stream = self.stream if self.stream is not None else sys.stdout
+        stream.write(line + "\n")
+        stream.flush()
+
+    def start(self, info: RunInfo) -> None:
+        self._last = time.monotonic()
+        first = "resuming at" if info.start_epoch > 1 else "training"
+        self._write(
+            f"{first} epoch {info.start_epoch}/{info.num_epochs}: {info.model_name} "
+            f"({info.num_parameters:,} parameters) on {', '.join(info.devices)}; "
+            f"artifacts in {info.artifact_dir}"
+        )
+
+    def update(
+        self, progress: Progress, metrics: Sequence[MetricView], records: Sequence[MetricRecord]
+    ) -> None:
+        now = time.monotonic()
+        if now - self._last < self.interval:
+            return
+        self._last = now
+        total = progress.num_iterations
+        if total:
+            position = f"iter {progress.iteration}/{total} ({100 * progress.iteration // total}%)"
+            rate = progress.iteration / progress.elapsed if progress.elapsed > 0 else 0.0
+            eta = f"  eta {format_duration((total - progress.iteration) / rate)}" if rate else ""
+        else:
+            position, eta = f"iter {progress.iteration}", ""
+        values = "  ".join(
+            f"{m.name} {format_number(m.epoch_value if m.epoch_value is not None else m.last, m.unit)}"
+            for m in metrics
+            if m.split == progress.split
+        )
+        self._write(
+            f"{progress.split:<5} epoch {progress.epoch}/{progress.num_epochs}  {position}  "
+            f"{progress.items_per_second:,.0f} items/s{eta}  {values}".rstrip()
+        )
+
+    def end_split(self, progress: Progress, metrics: Sequence[MetricView]) -> None:
+        values = "  ".join(
+            f"{m.name} {format_number(m.epoch_value if m.epoch_value is not None else m.last, m.unit)}"
+            for m in metrics
+            if m.split == progress.split
+        )
+        self._write(
+            f"{progress.split:<5} epoch {progress.epoch}/{progress.num_epochs} done: "
+            f"{progress.iteration} iterations, {progress.items:,} items in "
+            f"{format_duration(progress.elapsed)}  {values}".rstrip()
+        )
+        self._last = time.monotonic()
+
+    def end(self, reason: str) -> None:
+        self._write(f"training {reason}")

@@ -1,0 +1,70 @@
+"""The step protocols a model implements, and `TrainOutput`."""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+
+import torch
+
+from ember.errors import TrainingError
+
+T = TypeVar("T")
+B = TypeVar("B", contravariant=True)
+O = TypeVar("O", covariant=True)
+
+
+class TrainOutput(Generic[T]):
+    """What `train_step` returns: the item metrics read, and the loss ember backpropagates.
+
+    `loss` defaults to `item.loss`. ember calls `backward()` itself, which is what lets
+    it accumulate gradients, scale losses for mixed precision and synchronise devices.
+    """
+
+    __slots__ = ("item", "loss")
+
+    def __init__(self, item: T, loss: torch.Tensor | None = None) -> None:
+        if loss is None:
+            loss = getattr(item, "loss", None)
+            if loss is None:
+                raise TrainingError(
+                    f"TrainOutput got a {type(item).__name__} without a `loss` attribute and no "
+                    "loss= argument. Return TrainOutput(item, loss=your_loss_tensor)."
+                )
+        if not isinstance(loss, torch.Tensor):
+            raise TrainingError(
+                f"TrainOutput needs the loss as a torch.Tensor, got {type(loss).__name__}."
+            )
+        self.item = item
+        self.loss = loss
+
+    def __repr__(self) -> str:
+        return f"TrainOutput(item={type(self.item).__name__}, loss=Tensor{tuple(self.loss.shape)})"
+
+
+@runtime_checkable
+class TrainStep(Protocol[B, O]):
+    """A model that can be trained: one batch in, a TrainOutput out (no backward call)."""
+
+    def train_step(self, batch: B) -> TrainOutput[O]:
+        ...
+
+
+@runtime_checkable
+class ValidStep(Protocol[B, O]):
+    """A model that can be validated: called in eval mode under `torch.inference_mode()`."""
+
+    def valid_step(self, batch: B) -> O:
+        ...
+
+
+def check_steps(model: Any) -> None:
+    """Fail early, naming the fix, when a model lacks the step methods."""
+    missing = [
+        name for name in ("train_step", "valid_step") if not callable(getattr(model, name, None))
+    ]
+    if missing:
+        raise TrainingError(
+            f"{type(model).__name__} has no {' or '.join(missing)} method. A model trained by "
+            "the Learner defines `train_step(self, batch) -> TrainOutput` and "
+            "`valid_step(self, batch) -> output` (e.g. a ClassificationOutput)."
+        )

@@ -1,0 +1,18 @@
+"""`import ember` stays light: optional integrations load only when used."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ["tensorboard", "mlflow", "matplotlib", "torchmetrics", "sklearn", "safetensors", "plotext"]
+
+
+def test_import_ember_loads_no_optional_integration():
+    code = (
+        "import sys, json, ember, ember.train, ember.data, ember.record, ember.optim, ember.lr;"
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
