@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Any, Sized
 
 import torch
@@ -10,6 +11,11 @@ from torch.utils.data import DataLoader, Dataset
 from ember.data.batcher import Batcher, _BatcherCollate
 from ember.data.sampler import ResumableSampler
 from ember.errors import ConfigError, DatasetError
+
+
+def _ignore_sigint(worker_id: int) -> None:
+    """Workers leave Ctrl-C to the main process, which stops training gracefully."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class DataLoaderBuilder:
@@ -84,6 +90,7 @@ class DataLoaderBuilder:
         extra: dict[str, Any] = {}
         if workers > 0:
             extra["persistent_workers"] = self._persistent_workers
+            extra["worker_init_fn"] = _ignore_sigint
             if self._prefetch_factor is not None:
                 extra["prefetch_factor"] = self._prefetch_factor
         return DataLoader(

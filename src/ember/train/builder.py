@@ -13,6 +13,12 @@ from ember.errors import ConfigError, TrainingError
 from ember.lr.base import LrDriver
 from ember.lr.constant import ConstantLr
 from ember.train.checkpoint.file import FileCheckpointer
+from ember.train.checkpoint.strategy import (
+    ComposedCheckpointingStrategy,
+    KeepLastNCheckpoints,
+    MetricCheckpointingStrategy,
+)
+from ember.train.optimization import Optimization, check_mixed_precision
 from ember.train.interrupter import Interrupter
 from ember.train.logger.base import MetricLogger
 from ember.train.step import check_steps
@@ -46,6 +52,13 @@ class LearnerBuilder:
         self._listeners: list[Any] = []
         self._application_log: bool = True
         self._summary = False
+        self._mixed_precision: str | None = None
+        self._clip_norm: float | None = None
+        self._clip_value: float | None = None
+        self._nonfinite = "stop"
+        self._early_stopping: Any = None
+        self._strategy: Any = None
+        self._on_checkpoint_error = "stop"
 
     # Metrics -----------------------------------------------------------------
     def _add_metric(self, split: str, metric: Any, numeric: bool) -> LearnerBuilder:
@@ -149,19 +162,65 @@ class LearnerBuilder:
         self._devices = parsed
         return self
 
-    def with_file_checkpointer(self, recorder: Any) -> LearnerBuilder:
-        """Save model, optimizer and scheduler states under `checkpoint/` after each epoch."""
+    def with_file_checkpointer(
+        self, recorder: Any, *, on_checkpoint_error: str = "stop"
+    ) -> LearnerBuilder:
+        """Save model, optimizer and scheduler states under `checkpoint/` after each epoch
+        (and when a run is stopped mid-epoch). A failed write stops the run, or with
+        `on_checkpoint_error="warn"` is logged and training goes on."""
         for attribute in ("save", "load", "file_extension"):
             if not hasattr(recorder, attribute):
                 raise ConfigError(
                     f"{type(recorder).__name__} is not a recorder: it has no `{attribute}`."
                 )
+        if on_checkpoint_error not in ("stop", "warn"):
+            raise ConfigError(
+                f"on_checkpoint_error must be 'stop' or 'warn', got {on_checkpoint_error!r}."
+            )
         self._recorder = recorder
+        self._on_checkpoint_error = on_checkpoint_error
         return self
 
-    def checkpoint(self, epoch: int) -> LearnerBuilder:
-        """Resume from the checkpoint of `epoch` and continue at `epoch + 1`."""
-        self._checkpoint = _positive_int(epoch, "checkpoint")
+    def with_checkpointing_strategy(self, strategy: Any) -> LearnerBuilder:
+        """Which checkpoints to keep (default: the last 2 epochs and the best by valid loss)."""
+        if not callable(getattr(strategy, "keep", None)):
+            raise ConfigError(f"{type(strategy).__name__} is not a checkpointing strategy (no keep()).")
+        self._strategy = strategy
+        return self
+
+    def checkpoint(self, epoch: int | str) -> LearnerBuilder:
+        """Resume from the checkpoint of `epoch` (or `"latest"`, the newest one, which
+        may be a run stopped mid-epoch) and continue right after it."""
+        self._checkpoint = epoch if epoch == "latest" else _positive_int(epoch, "checkpoint")
+        return self
+
+    def mixed_precision(self, dtype: str) -> LearnerBuilder:
+        """Run steps under `torch.autocast` in "bf16" or "fp16" (fp16 adds a GradScaler)."""
+        self._mixed_precision = check_mixed_precision(dtype)
+        return self
+
+    def grad_clipping(self, *, norm: float | None = None, value: float | None = None) -> LearnerBuilder:
+        """Clip gradients before each optimizer step, by total norm and/or by value."""
+        for name, limit in (("norm", norm), ("value", value)):
+            if limit is not None and (not isinstance(limit, (int, float)) or not limit > 0):
+                raise ConfigError(f"grad_clipping({name}=...) must be a number > 0, got {limit!r}.")
+        if norm is None and value is None:
+            raise ConfigError("grad_clipping() needs norm=... or value=....")
+        self._clip_norm, self._clip_value = norm, value
+        return self
+
+    def nonfinite_loss(self, policy: str) -> LearnerBuilder:
+        """What a NaN/inf loss does: "stop" the run (default) or "skip" that optimizer step."""
+        if policy not in ("stop", "skip"):
+            raise ConfigError(f"nonfinite_loss takes 'stop' or 'skip', got {policy!r}.")
+        self._nonfinite = policy
+        return self
+
+    def early_stopping(self, strategy: Any) -> LearnerBuilder:
+        """Stop when the strategy says so, after that epoch's checkpoint."""
+        if not callable(getattr(strategy, "should_stop", None)):
+            raise ConfigError(f"{type(strategy).__name__} is not an early stopping strategy.")
+        self._early_stopping = strategy
         return self
 
     def interrupter(self) -> Interrupter:
@@ -182,34 +241,26 @@ class LearnerBuilder:
         model.to(device)
         scheduler = _scheduler(lr)
         torch_optimizer = _bind_optimizer(optimizer, model, _initial_lr(scheduler))
-        driver = LrDriver(scheduler, torch_optimizer)
+        optimization = Optimization(
+            model,
+            torch_optimizer,
+            LrDriver(scheduler, torch_optimizer),
+            device,
+            self._mixed_precision,  # type: ignore[arg-type]
+            self._clip_norm,
+            self._clip_value,
+        )
         checkpointer = None
         if self._recorder is not None:
-            checkpointer = FileCheckpointer(self._artifact_dir / "checkpoint", self._recorder)
-        if self._checkpoint is not None:
-            if checkpointer is None:
-                raise ConfigError(
-                    "checkpoint() resumes from saved files, but no file checkpointer is set: "
-                    "add with_file_checkpointer(recorder) with the recorder of the first run."
-                )
-            if self._checkpoint not in checkpointer.epochs():
-                available = checkpointer.epochs()
-                listing = ", ".join(map(str, available)) if available else "none"
-                raise ConfigError(
-                    f"checkpoint({self._checkpoint}): there is no checkpoint of epoch "
-                    f"{self._checkpoint} in {checkpointer.directory} (epochs saved: {listing})."
-                )
-            if self._checkpoint >= self._num_epochs:
-                raise ConfigError(
-                    f"checkpoint({self._checkpoint}) resumes after epoch {self._checkpoint}, "
-                    f"but num_epochs is {self._num_epochs}: raise num_epochs to train further."
-                )
+            checkpointer = FileCheckpointer(
+                self._artifact_dir / "checkpoint", self._recorder, self._retention()
+            )
+        self._check_resume(checkpointer)
         from ember.train.renderer.plain import PlainRenderer
 
         return Learner(
             model=model,
-            optimizer=torch_optimizer,
-            lr_driver=driver,
+            optimization=optimization,
             device=device,
             artifact_dir=self._artifact_dir,
             overwrite=self._overwrite,
@@ -219,12 +270,45 @@ class LearnerBuilder:
             renderer=self._renderer if self._renderer is not None else PlainRenderer(),
             grads_accumulation=self._grads_accumulation,
             checkpointer=checkpointer,
-            resume_epoch=self._checkpoint,
+            resume_from=self._checkpoint,
             interrupter=self._interrupter,
             listeners=self._listeners,
             application_log=self._application_log,
             summary=self._summary,
+            early_stopping=self._early_stopping,
+            nonfinite_loss=self._nonfinite,
+            on_checkpoint_error=self._on_checkpoint_error,
         )
+
+    def _retention(self) -> Any:
+        if self._strategy is not None:
+            return self._strategy
+        keep_last = KeepLastNCheckpoints(2)
+        if any(str(metric.name) == "Loss" for metric, _ in self._metrics["valid"]):
+            return ComposedCheckpointingStrategy(keep_last, MetricCheckpointingStrategy("Loss"))
+        return keep_last
+
+    def _check_resume(self, checkpointer: FileCheckpointer | None) -> None:
+        if self._checkpoint is None:
+            return
+        if checkpointer is None:
+            raise ConfigError(
+                "checkpoint() resumes from saved files, but no file checkpointer is set: "
+                "add with_file_checkpointer(recorder) with the recorder of the first run."
+            )
+        available = checkpointer.epochs()
+        listing = ", ".join(map(str, available)) if available else "none"
+        if self._checkpoint == "latest":
+            if not available:
+                raise ConfigError(
+                    f"checkpoint('latest'): there is no complete checkpoint in "
+                    f"{checkpointer.directory}. Start without checkpoint()."
+                )
+        elif self._checkpoint not in available:
+            raise ConfigError(
+                f"checkpoint({self._checkpoint}): there is no checkpoint of epoch "
+                f"{self._checkpoint} in {checkpointer.directory} (epochs saved: {listing})."
+            )
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:

@@ -1,30 +1,34 @@
 """`Learner.fit`: the training loop, top to bottom.
 
 fit -> epochs -> (train split, valid split, end of epoch). A train iteration is
-step -> backward -> (every n) optimizer step -> metrics and events. Metrics,
-loggers, the renderer and listeners only receive what the loop hands them.
+step -> backward -> (every n batches) optimizer step -> metrics and events. Metrics,
+loggers, the renderer, the checkpointer and listeners only receive what the loop
+hands them.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
 from ember.data.device import first_dim, to_device
 from ember.errors import TrainingError
-from ember.lr.base import LrDriver
 from ember.rng import capture_rng_state, restore_rng_state
 from ember.train.checkpoint.file import FileCheckpointer
 from ember.train.events import End, EndEpoch, ProcessedItem, Start
+from ember.train.guard import LossGuard
 from ember.train.interrupter import Interrupter
 from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.file import FileMetricLogger
+from ember.train.optimization import Optimization
 from ember.train.processor import MetricsProcessor
-from ember.train.renderer.base import RunInfo
+from ember.train.describe import describe, describe_run, run_info
+from ember.train.position import Position, resume_logs, set_epoch
+from ember.train.signals import signal_handlers
 from ember.train.run import prepare_artifact_dir
 from ember.train.step import TrainOutput
 
@@ -32,53 +36,43 @@ log = logging.getLogger("ember")
 
 
 class Learner:
-    """A configured training run; built by `LearnerBuilder.build`. Call `fit` once."""
+    """A configured training run, built by `LearnerBuilder.build`. Call `fit` once."""
 
-    def __init__(
-        self,
-        *,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        lr_driver: LrDriver,
-        device: torch.device,
-        artifact_dir: Path,
-        overwrite: bool,
-        num_epochs: int,
-        metrics: dict[str, list[tuple[Any, bool]]],
-        loggers: dict[str, list[Any]],
-        renderer: Any,
-        grads_accumulation: int,
-        checkpointer: FileCheckpointer | None,
-        resume_epoch: int | None,
-        interrupter: Interrupter,
-        listeners: list[Any],
-        application_log: bool,
-        summary: bool = False,
-    ) -> None:
-        self.model = model
-        self.optimizer = optimizer
-        self.lr = lr_driver
-        self.device = device
-        self.artifact_dir = artifact_dir
-        self.overwrite = overwrite
-        self.num_epochs = num_epochs
-        self.metrics = metrics
-        self.loggers = loggers
-        self.renderer = renderer
-        self.grads_accumulation = grads_accumulation
-        self.checkpointer = checkpointer
-        self.resume_epoch = resume_epoch
-        self.interrupter = interrupter
-        self.listeners = listeners
-        self.application_log = application_log
-        self.summary = summary
+    def __init__(self, **options: Any) -> None:
+        self.model: torch.nn.Module = options["model"]
+        self.optim: Optimization = options["optimization"]
+        self.optimizer = self.optim.optimizer
+        self.device: torch.device = options["device"]
+        self.artifact_dir: Path = options["artifact_dir"]
+        self.overwrite: bool = options["overwrite"]
+        self.num_epochs: int = options["num_epochs"]
+        self.metrics: dict[str, list[tuple[Any, bool]]] = options["metrics"]
+        self.loggers: dict[str, list[Any]] = options["loggers"]
+        self.renderer: Any = options["renderer"]
+        self.grads_accumulation: int = options["grads_accumulation"]
+        self.checkpointer: FileCheckpointer | None = options["checkpointer"]
+        self.resume_from: int | str | None = options["resume_from"]
+        self.interrupter: Interrupter = options["interrupter"]
+        self.listeners: list[Any] = options["listeners"]
+        self.application_log: bool = options["application_log"]
+        self.summary: bool = options["summary"]
+        self.early_stopping: Any = options["early_stopping"]
+        self.guard = LossGuard(options["nonfinite_loss"], self.device, last_checkpoint=self._last_checkpoint)
+        self.on_checkpoint_error: str = options["on_checkpoint_error"]
+        self.history: list[tuple[int, dict[str, dict[str, float]]]] = []
         self.epoch = 0
         self.iteration = 0
+        self.items = 0
 
     # The loop ------------------------------------------------------------------
-    def fit(self, train: Iterable[Any], valid: Iterable[Any] | None = None) -> torch.nn.Module:
-        """Train for the configured epochs and return the trained model."""
-        prepare_artifact_dir(self.artifact_dir, self.resume_epoch, self.overwrite)
+    def fit(
+        self, train: Iterable[Any], valid: Iterable[Any] | None = None, *, restore_best: bool = False
+    ) -> torch.nn.Module:
+        """Train for the configured epochs and return the trained model (with
+        `restore_best=True`, the weights of the best epoch kept by the checkpointing
+        strategy's metric)."""
+        position = self._resume_position()
+        prepare_artifact_dir(self.artifact_dir, position.kept_epochs(), self.overwrite)
         app_log = FileApplicationLogger(self.artifact_dir / "experiment.log")
         if self.application_log:
             app_log.install()
@@ -89,24 +83,18 @@ class Learner:
         self.processor = MetricsProcessor(self.metrics, loggers, self.renderer, self.num_epochs)
         reason = "failed"
         try:
-            start = self._resume() + 1
-            self._log_start(start)
-            if valid is not None:
-                self._preflight_valid(valid)
-            self.renderer.start(self._run_info(start))
-            self._emit(Start(start, self.num_epochs, str(self.artifact_dir)))
-            for epoch in range(start, self.num_epochs + 1):
-                self.epoch = epoch
-                self._train_epoch(epoch, train)
-                if valid is not None and not self.interrupter.should_stop():
-                    self._valid_epoch(epoch, valid)
-                self._end_epoch(epoch)
-                if self.interrupter.should_stop():
-                    break
-            reason = (
-                f"stopped: {self.interrupter.message}" if self.interrupter.should_stop() else "completed"
-            )
+            with signal_handlers(self.interrupter):
+                self._restore(position)
+                info = run_info(self, position.epoch)
+                log.info("%s", describe_run(self, info))
+                if valid is not None:
+                    self._preflight_valid(valid)
+                self.renderer.start(info)
+                self._emit(Start(position.epoch, self.num_epochs, str(self.artifact_dir)))
+                reason = self._epochs(train, valid, position)
             log.info("Training %s after epoch %d.", reason, self.epoch)
+            if restore_best:
+                self._restore_best()
             if self.summary:
                 self._print_summary()
         except BaseException as error:
@@ -118,97 +106,199 @@ class Learner:
                 log.exception("Training failed at %s.", where)
             raise
         finally:
-            for split_loggers in loggers.values():
-                for logger in split_loggers:
-                    logger.close()
-            self._emit(End(self.epoch, reason))
-            self.renderer.end(reason)
+            self._close(loggers, reason)
             app_log.uninstall()
         return self.model
 
-    def _train_epoch(self, epoch: int, loader: Iterable[Any]) -> None:
-        model, optimizer, accumulation = self.model, self.optimizer, self.grads_accumulation
+    def _epochs(self, train: Iterable[Any], valid: Iterable[Any] | None, start: Position) -> str:
+        for epoch in range(start.epoch, self.num_epochs + 1):
+            self.epoch = epoch
+            skip = start if epoch == start.epoch else Position(epoch)
+            if not self._train_epoch(epoch, train, skip):
+                self._save_checkpoint(Position(epoch, self.iteration, self.items, False))
+                return f"stopped: {self.interrupter.message}"
+            if valid is not None:
+                self._valid_epoch(epoch, valid)
+            reason = self._end_epoch(epoch)
+            if reason is not None:
+                return reason
+        return "completed"
+
+    def _train_epoch(self, epoch: int, loader: Iterable[Any], start: Position) -> bool:
+        """Train one epoch (from `start` when resuming mid-epoch); False if stopped."""
+        model, optim, guard = self.model, self.optim, self.guard
         model.train()
-        total = _set_epoch(loader, epoch)
-        self.processor.start_split("train", epoch, total)
-        lr = self.lr.last_lr
-        iteration = 0
-        for iteration, batch in enumerate(loader, start=1):
-            self.iteration = iteration
-            batch = to_device(batch, self.device)
-            output = _call_step(model.train_step, batch, "train_step", epoch, iteration)
-            if iteration == 1:
-                self._check_output(output, batch)
-            loss = output.loss
-            if accumulation > 1:
-                loss = loss / _group_size(iteration, accumulation, total)
-            loss.backward()
-            if iteration % accumulation == 0 or iteration == total:
-                lr = self.lr.before_step()
-                optimizer.step()
-                self.lr.after_step()
-                optimizer.zero_grad(set_to_none=True)
-            self.processor.update(output.item, iteration, _batch_size(batch, output), lr)
-            if self.listeners:
-                self._emit(ProcessedItem("train", epoch, iteration, total, output.item, lr))
+        total, skipped = set_epoch(loader, epoch, start.items)
+        self.processor.start_split("train", epoch, total, start.iteration + 1)
+        resume_logs(self.processor, self.artifact_dir, epoch, start.iteration)
+        iteration, self.items = start.iteration, start.items
+        for group in _groups(loader, self.grads_accumulation, 0 if skipped else start.iteration):
+            lr = optim.begin_group()
+            sizes = [_batch_size(batch) for batch in group]
+            group_items = sum(sizes) or len(group)
+            finite = True
+            for batch, size in zip(group, sizes):
+                iteration += 1
+                self.iteration = iteration
+                self.items += size
+                batch = to_device(batch, self.device)
+                with optim.autocast():
+                    output = _call_step(model.train_step, batch, "train_step", epoch, iteration)
+                if iteration == start.iteration + 1:
+                    self._check_output(output)
+                finite = guard.check(output.loss, epoch, iteration) and finite
+                optim.backward(output.loss, (size or 1) / group_items)
+                self.processor.update(output.item, iteration, size, lr)
+                if self.listeners:
+                    self._emit(ProcessedItem("train", epoch, iteration, total, output.item, lr))
+            if finite:
+                optim.step()
+            else:
+                optim.skip()
+                log.warning("Skipped the optimizer step at epoch %d, iteration %d: non-finite loss.", epoch, iteration)
             if self.interrupter.should_stop():
                 break
-        if iteration == 0:
+        guard.flush()
+        if iteration == start.iteration:
             raise TrainingError(f"The training data loader yielded no batch in epoch {epoch}.")
+        if self.interrupter.should_stop() and iteration != total:
+            self.processor.flush()  # the logs hold every finished iteration
+            return False
         self._aggregates = {"train": self.processor.end_split()}
+        return True
 
     def _valid_epoch(self, epoch: int, loader: Iterable[Any]) -> None:
+        """Validate (eval mode, inference mode); a graceful stop waits for its end."""
         model = self.model
-        total = _set_epoch(loader, epoch)
+        total, _ = set_epoch(loader, epoch, 0)
         self.processor.start_split("valid", epoch, total)
         model.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), self.optim.autocast():
                 for iteration, batch in enumerate(loader, start=1):
                     batch = to_device(batch, self.device)
                     item = _call_step(model.valid_step, batch, "valid_step", epoch, iteration)
-                    if iteration == 1:
-                        self.processor.check("valid", item)
-                    self.processor.update(item, iteration, _batch_size(batch, item), None)
+                    self.processor.update(item, iteration, _batch_size(batch), None)
                     if self.listeners:
                         self._emit(ProcessedItem("valid", epoch, iteration, total, item, None))
-                    if self.interrupter.should_stop():
-                        break
                 self._aggregates["valid"] = self.processor.end_split()
         finally:
             model.train()
 
-    def _end_epoch(self, epoch: int) -> None:
+    def _end_epoch(self, epoch: int) -> str | None:
+        """Log the epoch, checkpoint it, ask early stopping; return a reason to stop."""
         for split, values in self._aggregates.items():
             if values:
                 text = ", ".join(f"{name} {value:.6g}" for name, value in values.items())
                 log.info("Epoch %d %s: %s", epoch, split, text)
-        if self.checkpointer is not None:
-            paths = self.checkpointer.save(epoch, self._checkpoint_parts(epoch))
-            log.info("Checkpoint of epoch %d written: %s", epoch, ", ".join(p.name for p in paths))
+        self.history.append((epoch, self._aggregates))
+        self._save_checkpoint(Position(epoch, self.iteration, self.items, True))
         self._emit(EndEpoch(epoch, self._aggregates))
+        if self.interrupter.should_stop():
+            return f"stopped: {self.interrupter.message}"
+        if self.early_stopping is not None:
+            reason = self.early_stopping.should_stop(self.history)
+            if reason is not None:
+                log.info("Early stopping after epoch %d: %s.", epoch, reason)
+                return f"stopped early: {reason}"
+        return None
+
+    # Checkpoints ---------------------------------------------------------------
+    def _save_checkpoint(self, position: Position) -> None:
+        if self.checkpointer is None:
+            return
+        state = {
+            **self.optim.state_dict(),
+            "learner": {**position.state(), "rng": capture_rng_state(), "history": self.history},
+        }
+        what = f"epoch {position.epoch}" + ("" if position.complete else f", iteration {position.iteration}")
+
+        def saved(paths: list[Path]) -> None:
+            log.info("Checkpoint of %s written: %s", what, ", ".join(p.name for p in paths))
+
+        try:
+            self.checkpointer.save(position.epoch, self.model, self.optimizer, state, self.history, saved)
+            if not position.complete:
+                self.checkpointer.wait()
+        except Exception as error:
+            self._checkpoint_failed(error)
+
+    def _last_checkpoint(self) -> str:
+        if self.checkpointer is None:
+            return "No checkpoint is written (no file checkpointer)"
+        try:
+            self.checkpointer.wait()
+        except Exception:
+            pass
+        epochs = self.checkpointer.epochs()
+        if not epochs:
+            return "No checkpoint was written yet"
+        path = self.checkpointer.path("model", epochs[-1])
+        return f"The last good checkpoint is {path} (resume with checkpoint({epochs[-1]}))"
+
+    def _checkpoint_failed(self, error: Exception) -> None:
+        kept = self.checkpointer.epochs() if self.checkpointer else []
+        last = f"the last complete checkpoint is epoch {kept[-1]}" if kept else "no complete checkpoint exists"
+        message = f"Writing a checkpoint failed ({type(error).__name__}: {error}); {last}."
+        if self.on_checkpoint_error == "warn":
+            log.error("%s Training goes on (on_checkpoint_error='warn').", message)
+            return
+        raise TrainingError(message + " Free disk space or fix permissions, then resume with checkpoint('latest').") from error
+
+    def _resume_position(self) -> Position:
+        if self.resume_from is None or self.checkpointer is None:
+            return Position(1, fresh=True)
+        epochs = self.checkpointer.epochs()
+        epoch = epochs[-1] if self.resume_from == "latest" and epochs else self.resume_from
+        state = self.checkpointer.load(int(epoch), "scheduler", None)
+        self._resume_state = state
+        return Position.from_state(state["learner"], self.num_epochs)
+
+    def _restore(self, position: Position) -> None:
+        state = getattr(self, "_resume_state", None)
+        if state is None:
+            return
+        saved_epoch = int(state["learner"]["epoch"])
+        self.checkpointer.load(saved_epoch, "model", self.model)
+        self.checkpointer.load(saved_epoch, "optim", self.optimizer)
+        self.optim.load_state_dict(state)
+        restore_rng_state(state["learner"]["rng"])
+        self.history = [(int(e), a) for e, a in state["learner"].get("history", [])]
+        where = f"epoch {saved_epoch}" + ("" if position.iteration == 0 else f", iteration {position.iteration}")
+        log.info("Resumed from the checkpoint of %s.", where)
+
+    def _restore_best(self) -> None:
+        strategy = _find_metric_strategy(getattr(self.checkpointer, "strategy", None))
+        if strategy is None or self.checkpointer is None:
+            raise TrainingError(
+                "restore_best=True needs a file checkpointer with a MetricCheckpointingStrategy "
+                "(the default strategy keeps the best epoch by validation loss)."
+            )
+        self.checkpointer.wait()
+        best = strategy.best_epoch(self.history)
+        if best is not None:
+            self.checkpointer.load(best, "model", self.model)
+            log.info("Restored the weights of epoch %d, best %s %s.", best, strategy.split, strategy.name)
 
     # Helpers -------------------------------------------------------------------
     def _preflight_valid(self, loader: Iterable[Any]) -> None:
-        """Run one validation batch before training so that a valid_step or a validation
-        metric that cannot work fails now, not after the first epoch. Random generators
-        are left exactly as they were."""
+        """Run one validation batch before training, so that a valid_step or a validation
+        metric that cannot work fails now, not after an epoch. RNGs are left untouched."""
         if not self.metrics.get("valid"):
             return
         rng = capture_rng_state()
         try:
             self.model.eval()
-            with torch.inference_mode():
+            with torch.inference_mode(), self.optim.autocast():
                 for batch in loader:
-                    batch = to_device(batch, self.device)
-                    item = _call_step(self.model.valid_step, batch, "valid_step", self.epoch, 1)
+                    item = _call_step(self.model.valid_step, to_device(batch, self.device), "valid_step", 0, 1)
                     self.processor.check("valid", item)
                     break
         finally:
             self.model.train()
             restore_rng_state(rng)
 
-    def _check_output(self, output: Any, batch: Any) -> None:
+    def _check_output(self, output: Any) -> None:
         if not isinstance(output, TrainOutput):
             raise TrainingError(
                 f"{type(self.model).__name__}.train_step returned {type(output).__name__}; it must "
@@ -226,57 +316,6 @@ class Learner:
             )
         self.processor.check("train", output.item)
 
-    def _checkpoint_parts(self, epoch: int) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "optim": self.optimizer,
-            "scheduler": {
-                "lr_scheduler": self.lr.state_dict(),
-                "learner": {"epoch": epoch, "rng": capture_rng_state()},
-            },
-        }
-
-    def _resume(self) -> int:
-        """Load the checkpoint to resume from; return the last completed epoch."""
-        epoch = self.resume_epoch
-        if epoch is None or self.checkpointer is None:
-            return 0
-        self.checkpointer.load(epoch, "model", self.model)
-        self.checkpointer.load(epoch, "optim", self.optimizer)
-        state = self.checkpointer.load(epoch, "scheduler", None)
-        self.lr.load_state_dict(state["lr_scheduler"])
-        restore_rng_state(state["learner"]["rng"])
-        log.info("Resumed from the checkpoint of epoch %d.", epoch)
-        return epoch
-
-    def _run_info(self, start: int) -> RunInfo:
-        return RunInfo(
-            artifact_dir=str(self.artifact_dir),
-            start_epoch=start,
-            num_epochs=self.num_epochs,
-            model_name=type(self.model).__name__,
-            num_parameters=sum(p.numel() for p in self.model.parameters()),
-            devices=(str(self.device),),
-            metrics=tuple(
-                (split, str(metric.name), str(getattr(metric, "unit", "")), numeric)
-                for split, entries in self.metrics.items()
-                for metric, numeric in entries
-            ),
-            interrupter=self.interrupter,
-        )
-
-    def _log_start(self, start: int) -> None:
-        info = self._run_info(start)
-        names = {s: ", ".join(str(m.name) for m, _ in ms) or "none" for s, ms in self.metrics.items()}
-        log.info(
-            "Training %s (%s parameters) on %s: epochs %d to %d, optimizer %s, lr %s, "
-            "gradient accumulation %d, python %s, torch %s",
-            info.model_name, f"{info.num_parameters:,}", self.device, start, self.num_epochs,
-            type(self.optimizer).__name__, type(self.lr.scheduler).__name__,
-            self.grads_accumulation, sys.version.split()[0], torch.__version__,
-        )
-        log.info("Metrics: train [%s]; valid [%s]", names["train"], names["valid"])
-
     def _print_summary(self) -> None:
         from ember.train.summary import LearnerSummary
 
@@ -284,37 +323,53 @@ class Learner:
         print(table)
         log.info("%s", table)
 
+    def _close(self, loggers: dict[str, list[Any]], reason: str) -> None:
+        try:
+            if self.checkpointer is not None:
+                try:
+                    self.checkpointer.wait()
+                except Exception as error:
+                    log.error("The last checkpoint could not be written: %s", error)
+        finally:
+            for split_loggers in loggers.values():
+                for logger in split_loggers:
+                    logger.close()
+            self._emit(End(self.epoch, reason))
+            self.renderer.end(reason)
+
     def _emit(self, event: Any) -> None:
         for listener in self.listeners:
             listener.on_event(event)
 
 
-def _set_epoch(loader: Any, epoch: int) -> int | None:
-    """Tell an epoch-aware sampler which epoch starts; return the number of batches."""
-    for owner in (loader, getattr(loader, "batch_sampler", None)):
-        sampler = getattr(owner, "sampler", None)
-        if callable(getattr(sampler, "set_epoch", None)):
-            sampler.set_epoch(epoch)
-            break
-    try:
-        return len(loader)
-    except TypeError:
-        return None
+def _groups(loader: Iterable[Any], size: int, drop: int) -> Iterator[list[Any]]:
+    """Batches in groups of `size` (one optimizer step each; the last may be shorter),
+    after dropping `drop` batches (a resumed run whose sampler cannot skip)."""
+    batches = iter(loader)
+    for _ in itertools.islice(batches, drop):
+        pass
+    while True:
+        group = list(itertools.islice(batches, size))
+        if not group:
+            return
+        yield group
 
 
-def _group_size(iteration: int, accumulation: int, total: int | None) -> int:
-    """How many batches share the optimizer step that `iteration` belongs to."""
-    if total is None:
-        return accumulation
-    group_start = (iteration - 1) // accumulation * accumulation
-    return min(accumulation, total - group_start)
+def _find_metric_strategy(strategy: Any) -> Any:
+    from ember.train.checkpoint.strategy import ComposedCheckpointingStrategy, MetricCheckpointingStrategy
+
+    if isinstance(strategy, MetricCheckpointingStrategy):
+        return strategy
+    if isinstance(strategy, ComposedCheckpointingStrategy):
+        for inner in strategy.strategies:
+            found = _find_metric_strategy(inner)
+            if found is not None:
+                return found
+    return None
 
 
-def _batch_size(batch: Any, item: Any) -> int:
-    size = first_dim(batch)
-    if size is None:
-        size = first_dim(getattr(item, "targets", None))
-    return size or 0
+def _batch_size(batch: Any) -> int:
+    return first_dim(batch) or 0
 
 
 def _call_step(step: Any, batch: Any, name: str, epoch: int, iteration: int) -> Any:
@@ -327,26 +382,3 @@ def _call_step(step: Any, batch: Any, name: str, epoch: int, iteration: int) -> 
                 f"the batch was {describe(batch)}"
             )
         raise
-
-
-def describe(batch: Any, depth: int = 0) -> str:
-    """A short structural description of a batch: types, shapes, dtypes, devices."""
-    import dataclasses
-
-    if isinstance(batch, torch.Tensor):
-        return f"Tensor{list(batch.shape)} {str(batch.dtype).replace('torch.', '')} {batch.device}"
-    if depth > 3:
-        return type(batch).__name__
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        inner = ", ".join(
-            f"{f.name}={describe(getattr(batch, f.name), depth + 1)}" for f in dataclasses.fields(batch)
-        )
-        return f"{type(batch).__name__}({inner})"
-    if isinstance(batch, dict):
-        inner = ", ".join(f"{k!r}: {describe(v, depth + 1)}" for k, v in list(batch.items())[:8])
-        return "{" + inner + "}"
-    if isinstance(batch, (list, tuple)):
-        inner = ", ".join(describe(v, depth + 1) for v in list(batch)[:8])
-        more = ", ..." if len(batch) > 8 else ""
-        return f"{type(batch).__name__}({inner}{more})"
-    return type(batch).__name__

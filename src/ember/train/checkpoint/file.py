@@ -1,38 +1,91 @@
-"""`FileCheckpointer`: one record per part and epoch, e.g. `checkpoint/model-3.mpk.gz`."""
+"""`FileCheckpointer`: one record per part and epoch, e.g. `checkpoint/model-3.mpk.gz`.
+
+A checkpoint is complete when its three parts exist. The `scheduler` part (which also
+holds the loop position and RNG states) is removed first and written last, so a crash
+at any moment leaves either a complete, consistent set or one that is ignored.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from ember.errors import TrainingError
+from ember.train.checkpoint.strategy import CheckpointingStrategy
+from ember.train.checkpoint.writer import AsyncWriter, snapshot
+from ember.train.early_stopping import History
 
 PARTS = ("model", "optim", "scheduler")
+log = logging.getLogger("ember")
 
 
 class FileCheckpointer:
-    """Saves and loads the parts of a checkpoint (`model`, `optim`, `scheduler`) with a
-    recorder. Every file is written atomically by the recorder: a crash leaves the
-    previous checkpoint whole."""
+    """Saves and loads checkpoints with a recorder; writes happen in a background
+    thread from a CPU snapshot, at most one pending at a time."""
 
-    def __init__(self, directory: str | os.PathLike[str], recorder: Any) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        recorder: Any,
+        strategy: CheckpointingStrategy | None = None,
+        asynchronous: bool = True,
+    ) -> None:
         self.directory = Path(directory)
         self.recorder = recorder
         self.extension: str = recorder.file_extension
+        self.strategy = strategy
+        self._writer = AsyncWriter() if asynchronous else None
 
     def path(self, part: str, epoch: int) -> Path:
         return self.directory / f"{part}-{epoch}.{self.extension}"
 
-    def save(self, epoch: int, parts: dict[str, Any]) -> list[Path]:
-        """Write each part of epoch `epoch`; the model part last is not required, but
-        every part is complete on disk before this returns."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        written = []
-        for part, item in parts.items():
-            written.append(self.recorder.save(item, self.path(part, epoch)))
-        return written
+    def save(
+        self,
+        epoch: int,
+        model: Any,
+        optimizer: Any,
+        state: dict[str, Any],
+        history: History = (),
+        on_saved: Callable[[list[Path]], None] | None = None,
+    ) -> None:
+        """Snapshot the parts now; encode, write and apply retention in the background."""
+        parts = [
+            ("model", snapshot(model.state_dict()), "module"),
+            ("optim", snapshot(optimizer.state_dict()), "optimizer"),
+            ("scheduler", snapshot(state), "state"),
+        ]
+        history = list(history)
+
+        def job() -> None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.path("scheduler", epoch).unlink(missing_ok=True)  # incomplete until rewritten
+            written = [self.recorder.save(tree, self.path(part, epoch), kind=kind) for part, tree, kind in parts]
+            self._retain(history)
+            if on_saved is not None:
+                on_saved(written)
+
+        if self._writer is None:
+            job()
+        else:
+            self._writer.submit(job)
+
+    def wait(self) -> None:
+        """Block until the pending write is on disk; raise its error if it failed."""
+        if self._writer is not None:
+            self._writer.wait()
+
+    def _retain(self, history: Sequence[Any]) -> None:
+        if self.strategy is None:
+            return
+        saved = self.epochs()
+        keep = self.strategy.keep(saved, history)
+        for epoch in saved:
+            if epoch not in keep:
+                self.delete(epoch)
+                log.info("Checkpoint of epoch %d deleted (retention).", epoch)
 
     def load(self, epoch: int, part: str, target: Any) -> Any:
         path = self.path(part, epoch)
@@ -46,20 +99,19 @@ class FileCheckpointer:
         return self.recorder.load(target, path)
 
     def epochs(self) -> list[int]:
-        """The epochs whose model checkpoint is present, oldest first."""
-        pattern = re.compile(rf"^model-(\d+)\.{re.escape(self.extension)}$")
+        """The epochs with a complete checkpoint (all three parts), oldest first."""
+        pattern = re.compile(rf"^scheduler-(\d+)\.{re.escape(self.extension)}$")
         found = []
         if self.directory.is_dir():
             for entry in self.directory.iterdir():
                 match = pattern.match(entry.name)
                 if match:
-                    found.append(int(match.group(1)))
+                    epoch = int(match.group(1))
+                    if all(self.path(part, epoch).exists() for part in PARTS):
+                        found.append(epoch)
         return sorted(found)
 
     def delete(self, epoch: int) -> None:
-        """Remove every part of epoch `epoch` (missing parts are fine)."""
-        for part in PARTS:
-            try:
-                self.path(part, epoch).unlink()
-            except FileNotFoundError:
-                pass
+        """Remove every part of `epoch`, the scheduler part first (missing parts are fine)."""
+        for part in ("scheduler", "model", "optim"):
+            self.path(part, epoch).unlink(missing_ok=True)

@@ -1,0 +1,73 @@
+"""Describing a run and a batch in words, for logs and error messages."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+import torch
+
+from ember.train.renderer.base import RunInfo
+
+
+def run_info(learner: Any, start_epoch: int) -> RunInfo:
+    return RunInfo(
+        artifact_dir=str(learner.artifact_dir),
+        start_epoch=start_epoch,
+        num_epochs=learner.num_epochs,
+        model_name=type(learner.model).__name__,
+        num_parameters=sum(p.numel() for p in learner.model.parameters()),
+        devices=(str(learner.device),),
+        metrics=tuple(
+            (split, str(metric.name), str(getattr(metric, "unit", "")), numeric)
+            for split, entries in learner.metrics.items()
+            for metric, numeric in entries
+        ),
+        interrupter=learner.interrupter,
+    )
+
+
+def describe_run(learner: Any, info: RunInfo) -> str:
+    """The first line of experiment.log: what is trained, where and how."""
+    names = {
+        split: ", ".join(str(m.name) for m, _ in entries) or "none"
+        for split, entries in learner.metrics.items()
+    }
+    optim = learner.optim
+    extras = []
+    if optim.mixed_precision:
+        extras.append(f"mixed precision {optim.mixed_precision}")
+    if optim.clip_norm is not None:
+        extras.append(f"gradient norm clipped at {optim.clip_norm}")
+    if optim.clip_value is not None:
+        extras.append(f"gradient values clipped at {optim.clip_value}")
+    return (
+        f"Training {info.model_name} ({info.num_parameters:,} parameters) on "
+        f"{', '.join(info.devices)}: epochs {info.start_epoch} to {info.num_epochs}, optimizer "
+        f"{type(optim.optimizer).__name__}, lr {type(optim.lr.scheduler).__name__}, gradient "
+        f"accumulation {learner.grads_accumulation}{''.join(', ' + e for e in extras)}; "
+        f"metrics train [{names['train']}], valid [{names['valid']}]; python "
+        f"{sys.version.split()[0]}, torch {torch.__version__}"
+    )
+
+
+def describe(batch: Any, depth: int = 0) -> str:
+    """A short structural description of a batch: types, shapes, dtypes, devices."""
+    if isinstance(batch, torch.Tensor):
+        return f"Tensor{list(batch.shape)} {str(batch.dtype).replace('torch.', '')} {batch.device}"
+    if depth > 3:
+        return type(batch).__name__
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        inner = ", ".join(
+            f"{f.name}={describe(getattr(batch, f.name), depth + 1)}" for f in dataclasses.fields(batch)
+        )
+        return f"{type(batch).__name__}({inner})"
+    if isinstance(batch, dict):
+        inner = ", ".join(f"{k!r}: {describe(v, depth + 1)}" for k, v in list(batch.items())[:8])
+        return "{" + inner + "}"
+    if isinstance(batch, (list, tuple)):
+        inner = ", ".join(describe(v, depth + 1) for v in list(batch)[:8])
+        more = ", ..." if len(batch) > 8 else ""
+        return f"{type(batch).__name__}({inner}{more})"
+    return type(batch).__name__

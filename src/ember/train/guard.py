@@ -1,0 +1,74 @@
+"""Guarding against non-finite losses without a host sync per step on accelerators."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Literal
+
+import torch
+
+from ember.errors import TrainingError
+
+NonFinitePolicy = Literal["stop", "skip"]
+
+
+class NonFiniteLoss(TrainingError):
+    """The loss became NaN or infinite."""
+
+
+class LossGuard:
+    """`stop` (default): a NaN/inf loss ends the run with a message naming where.
+    `skip`: the optimizer step of a group with a NaN/inf loss is dropped.
+
+    On the CPU every loss is checked at once (it costs nothing). On an accelerator,
+    `stop` checks in bulk every `every` steps (no per-step sync), so up to that many
+    steps may run before the stop; `skip` has to look at every loss and syncs each step.
+    """
+
+    def __init__(
+        self,
+        policy: NonFinitePolicy,
+        device: torch.device,
+        every: int = 50,
+        last_checkpoint: Callable[[], str] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.last_checkpoint = last_checkpoint
+        self.immediate = device.type == "cpu" or policy == "skip"
+        self.every = every
+        self._pending: list[tuple[int, int, torch.Tensor]] = []
+        self.skipped = 0
+
+    def check(self, loss: torch.Tensor, epoch: int, iteration: int) -> bool:
+        """True when the loss is finite (as far as is known now)."""
+        if self.immediate:
+            value = float(loss.detach())
+            if math.isfinite(value):
+                return True
+            if self.policy == "skip":
+                self.skipped += 1
+                return False
+            raise self._error(value, epoch, iteration)
+        self._pending.append((epoch, iteration, torch.isfinite(loss.detach())))
+        if len(self._pending) >= self.every:
+            self.flush()
+        return True
+
+    def flush(self) -> None:
+        """Check the deferred losses (accelerators, `stop` policy)."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        finite = torch.stack([flag for _, _, flag in pending]).cpu().tolist()
+        for (epoch, iteration, _), ok in zip(pending, finite):
+            if not ok:
+                raise self._error(math.nan, epoch, iteration)
+
+    def _error(self, value: float, epoch: int, iteration: int) -> NonFiniteLoss:
+        kind = "NaN" if math.isnan(value) else "infinite"
+        where = f" {self.last_checkpoint()}." if self.last_checkpoint is not None else ""
+        return NonFiniteLoss(
+            f"The loss is {kind} at epoch {epoch}, iteration {iteration}.{where} Lower the learning "
+            "rate, clip gradients (grad_clipping), check the data for NaN/inf, or pass "
+            "nonfinite_loss('skip') to skip such steps."
+        )

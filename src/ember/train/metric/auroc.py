@@ -1,0 +1,136 @@
+"""Area under the ROC curve, computed over the whole epoch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ember.errors import TrainingError
+from ember.train.metric._common import wide_float
+from ember.train.metric.base import MetricMetadata, MetricValue, Number
+from ember.train.metric.inputs import ScoresInput
+
+
+def rank_auroc(
+    scores: torch.Tensor,
+    positive: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Macro AUROC of the columns of `scores` [N, K] against `positive` [N, K], on device.
+
+    Uses the rank-sum (Mann-Whitney) form with tied scores given their average rank,
+    which equals the trapezoidal area under the ROC curve. Rows where `valid` [N] is
+    False are left out. Columns without both positives and negatives are skipped;
+    the result is NaN when no column qualifies.
+    """
+    s, pos = scores.t(), positive.t()  # [K, N]: rank each column along its samples
+    n = s.shape[-1]
+    skipped: torch.Tensor | int = 0
+    kept: torch.Tensor | int = n
+    if valid is not None:
+        s = s.masked_fill(~valid, float("-inf"))  # left-out rows take the lowest ranks
+        pos = pos & valid
+        kept = valid.sum()
+        skipped = n - kept
+    ordered, order = s.sort(dim=-1)
+    ordered = ordered.contiguous()
+    # 0-based first and one-past-last positions of each value's tie group: twice
+    # the average 1-based rank is lo + hi + 1, an exact integer.
+    lo = torch.searchsorted(ordered, ordered)
+    hi = torch.searchsorted(ordered, ordered, right=True)
+    n_pos = pos.sum(dim=-1)
+    n_neg = kept - n_pos
+    twice_rank_sum = ((lo + hi + 1) * pos.gather(-1, order)).sum(dim=-1) - 2 * skipped * n_pos
+    twice_u = twice_rank_sum - n_pos * (n_pos + 1)
+    area = twice_u.to(dtype) / (2 * n_pos * n_neg).to(dtype)
+    defined = (n_pos > 0) & (n_neg > 0)
+    return torch.where(defined, area, 0.0).sum() / defined.sum().to(dtype)
+
+
+class AurocMetric:
+    """Area under the ROC curve (AUROC) of the whole epoch, unitless in [0, 1].
+
+    The mode follows the output: binary for scores [N] / [N, 1] (or two-class
+    logits [N, 2], ranked by their difference), one-vs-rest macro for scores
+    [N, C >= 3] (softmax is applied unless the batch is already in [0, 1], as in
+    torchmetrics), and label-wise macro for multi-label outputs. The iteration value
+    is the AUROC of the batch alone (NaN if it lacks a class); the epoch value is
+    computed once, at epoch end, from every score of the epoch kept on the device.
+    Classes (or labels) without both positive and negative samples are left out of
+    the macro mean.
+    """
+
+    name = "AUROC"
+    unit = ""
+    higher_is_better = True
+    input_type = ScoresInput
+
+    def __init__(self) -> None:
+        self._scores: list[torch.Tensor] = []
+        self._positive: list[torch.Tensor] = []
+        self._valid: list[torch.Tensor | None] = []
+
+    def update(self, input: ScoresInput, meta: MetricMetadata) -> MetricValue:
+        scores, positive, valid = self._columns(input)
+        self._scores.append(scores)
+        self._positive.append(positive)
+        self._valid.append(valid)
+        weight: Number = int(scores.shape[0]) if valid is None else valid.sum()
+        return MetricValue(rank_auroc(scores, positive, valid), weight)
+
+    def epoch_value(self) -> torch.Tensor | float:
+        """The AUROC of every sample seen since the last `clear()`."""
+        if not self._scores:
+            return math.nan
+        scores = torch.cat(self._scores)
+        positive = torch.cat(self._positive)
+        valid = None
+        if any(v is not None for v in self._valid):
+            valid = torch.cat(
+                [
+                    v if v is not None else torch.ones(len(s), dtype=torch.bool, device=s.device)
+                    for v, s in zip(self._valid, self._scores)
+                ]
+            )
+        return rank_auroc(scores, positive, valid, wide_float(scores.device))
+
+    def clear(self) -> None:
+        self._scores, self._positive, self._valid = [], [], []
+
+    def _columns(
+        self, input: ScoresInput
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Scores [N, K], positives [N, K] and the rows kept [N] (None: all)."""
+        output, targets = input.output.detach(), input.targets
+        if input.multilabel:
+            if output.dim() != 2 or output.shape != targets.shape:
+                raise TrainingError(
+                    f"{self.name} (multilabel) needs scores and targets of the same shape "
+                    f"[N, C]; got {tuple(output.shape)} and {tuple(targets.shape)}."
+                )
+            # A copy: the stored scores must outlive a reused output buffer.
+            return output.to(torch.float32, copy=True), targets > 0.5, None
+        valid = None if input.pad_token is None else targets != input.pad_token
+        if output.dim() == 1 or (output.dim() == 2 and output.shape[-1] == 1):
+            scores = output.reshape(-1, 1).to(torch.float32, copy=True)
+            positive = (targets > 0.5).reshape(-1, 1)
+        elif output.dim() == 2 and output.shape[-1] == 2:
+            # softmax(x)[1] = sigmoid(x1 - x0): the difference ranks like the probability.
+            scores = (output[:, 1] - output[:, 0]).unsqueeze(-1).float()
+            positive = (targets > 0.5).unsqueeze(-1)
+        elif output.dim() == 2:
+            output = output.float()
+            is_probability = ((output >= 0) & (output <= 1)).all()
+            scores = torch.where(is_probability, output, output.softmax(dim=-1))
+            classes = torch.arange(output.shape[-1], device=targets.device)
+            positive = targets.unsqueeze(-1) == classes
+        else:
+            raise TrainingError(
+                f"{self.name} needs scores [N], [N, 1] or [N, C]; got shape "
+                f"{tuple(output.shape)}."
+            )
+        if valid is not None:
+            positive = positive & valid.unsqueeze(-1)
+        return scores, positive, valid

@@ -1,0 +1,78 @@
+"""Any torchmetrics metric as an ember metric (torchmetrics is an optional extra)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ember.errors import TrainingError
+from ember.train.metric.base import MetricMetadata, MetricValue
+from ember.train.metric.inputs import ClassificationInput, LossInput
+
+
+class TorchMetric:
+    """Wraps a `torchmetrics.Metric`: torchmetrics keeps the state, ember the loop.
+
+    The iteration value is the metric's `forward` on the batch (one update of the
+    epoch state plus the batch value, torchmetrics' own cheapest path); the epoch value
+    is `compute()` over the epoch and `clear()` calls `reset()`. The metric moves to
+    the device of the first batch it sees. Predictions and targets are read from the
+    input's `output` (or `logits`) and `targets`. Whether an update waits for the
+    device is up to the wrapped metric (torchmetrics' `validate_args=False` avoids
+    its argument checks, which do).
+    """
+
+    unit = ""
+
+    def __init__(
+        self,
+        metric: Any,
+        name: str | None = None,
+        input_type: type = ClassificationInput,
+        higher_is_better: bool | None = None,
+    ) -> None:
+        if not callable(getattr(metric, "compute", None)) or not callable(
+            getattr(metric, "reset", None)
+        ):
+            raise TrainingError(
+                f"TorchMetric wraps a torchmetrics.Metric; got {type(metric).__name__}."
+            )
+        if input_type is LossInput:
+            raise TrainingError("TorchMetric reads predictions and targets, not a LossInput.")
+        self.metric = metric
+        self.name = name if name is not None else type(metric).__name__
+        self.input_type = input_type
+        if higher_is_better is None:
+            higher_is_better = getattr(metric, "higher_is_better", None)
+        self.higher_is_better = higher_is_better
+        self._device: torch.device | None = None
+        self._updated = False
+
+    def update(self, input: Any, meta: MetricMetadata) -> MetricValue:
+        preds = getattr(input, "output", None)
+        if preds is None:
+            preds = getattr(input, "logits", None)
+        targets = getattr(input, "targets", None)
+        if not isinstance(preds, torch.Tensor) or not isinstance(targets, torch.Tensor):
+            raise TrainingError(
+                f"{self.name}: {type(input).__name__} has no `output` (or `logits`) and "
+                "`targets` tensors to pass to the torchmetrics metric."
+            )
+        if self._device != preds.device:
+            self.metric.to(preds.device)
+            self._device = preds.device
+        value = self.metric(preds.detach(), targets)
+        self._updated = True
+        return MetricValue(value, int(preds.shape[0]) if preds.dim() else 1)
+
+    def epoch_value(self) -> Any:
+        """The wrapped metric's `compute()` over the epoch (NaN before any update)."""
+        if not self._updated:
+            return math.nan
+        return self.metric.compute()
+
+    def clear(self) -> None:
+        self.metric.reset()
+        self._updated = False

@@ -1,0 +1,103 @@
+"""One optimizer step per group of batches: loss scaling, mixed precision, clipping, LR.
+
+The learner calls `begin_group()`, then `backward(loss, share)` for each batch of the
+group (share = the batch's fraction of the group's samples, so the accumulated
+gradient is the gradient of the group's mean loss), then `step()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager, Literal
+
+import torch
+
+from ember.errors import ConfigError
+from ember.lr.base import LrDriver
+
+MixedPrecision = Literal["bf16", "fp16"]
+
+
+class Optimization:
+    """Owns the optimizer, the LR driver, the optional GradScaler and gradient clipping."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr: LrDriver,
+        device: torch.device,
+        mixed_precision: MixedPrecision | None = None,
+        clip_norm: float | None = None,
+        clip_value: float | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.lr = lr
+        self.device = device
+        self.mixed_precision = mixed_precision
+        self.clip_norm = clip_norm
+        self.clip_value = clip_value
+        self.scaler: torch.amp.GradScaler | None = None
+        if mixed_precision == "fp16":
+            self.scaler = torch.amp.GradScaler(device.type)
+        self._dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision or "")
+
+    def autocast(self) -> ContextManager[Any]:
+        """The context the steps run in: autocast under mixed precision, else nothing."""
+        if self._dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self._dtype)
+
+    def begin_group(self) -> float:
+        """Set and return the learning rate of the coming optimizer step."""
+        return self.lr.before_step()
+
+    def backward(self, loss: torch.Tensor, share: float) -> None:
+        scaled = loss * share if share != 1.0 else loss
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        scaled.backward()
+
+    def step(self) -> None:
+        """Apply the accumulated gradients, then clear them."""
+        optimizer = self.optimizer
+        if self.scaler is not None:
+            if self.clip_norm is not None or self.clip_value is not None:
+                self.scaler.unscale_(optimizer)
+            self._clip()
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            self._clip()
+            optimizer.step()
+        self.lr.after_step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def skip(self) -> None:
+        """Drop the accumulated gradients without stepping (a non-finite loss was skipped)."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _clip(self) -> None:
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
+        if self.clip_value is not None:
+            torch.nn.utils.clip_grad_value_(self.model.parameters(), self.clip_value)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Scheduler and GradScaler states (the optimizer's is saved on its own)."""
+        state: dict[str, Any] = {"lr_scheduler": self.lr.state_dict()}
+        if self.scaler is not None:
+            state["grad_scaler"] = self.scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.lr.load_state_dict(state["lr_scheduler"])
+        if self.scaler is not None and "grad_scaler" in state:
+            self.scaler.load_state_dict(state["grad_scaler"])
+
+
+def check_mixed_precision(value: Any) -> MixedPrecision | None:
+    if value is None or value in ("bf16", "fp16"):
+        return value
+    raise ConfigError(f"mixed_precision takes 'bf16' or 'fp16', got {value!r}.")

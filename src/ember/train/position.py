@@ -1,0 +1,88 @@
+"""Where a run stands, and putting a resumed run back there (sampler, metric logs)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ember.errors import TrainingError
+from ember.train.logger.file import metric_file_name
+
+log = logging.getLogger("ember")
+
+
+@dataclass(frozen=True)
+class Position:
+    """`iteration` batches (`items` samples) of `epoch` are done; `complete` when the
+    whole epoch, validation included, is done. `fresh` marks a run not resumed."""
+
+    epoch: int
+    iteration: int = 0
+    items: int = 0
+    complete: bool = False
+    fresh: bool = False
+
+    def state(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "iteration": self.iteration, "items": self.items, "complete": self.complete}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], num_epochs: int) -> Position:
+        """The position to start from after the checkpointed `state`."""
+        epoch, complete = int(state["epoch"]), bool(state["complete"])
+        start = cls(epoch + 1) if complete else cls(epoch, int(state["iteration"]), int(state["items"]))
+        if start.epoch > num_epochs:
+            raise TrainingError(
+                f"The checkpoint is at the end of epoch {epoch} and num_epochs is {num_epochs}: "
+                "there is nothing left to train. Raise num_epochs to train further."
+            )
+        return start
+
+    def kept_epochs(self) -> int | None:
+        """Logs of epochs up to this one are kept on resume (None: a fresh run)."""
+        if self.fresh:
+            return None
+        return self.epoch if self.iteration else self.epoch - 1
+
+
+def set_epoch(loader: Any, epoch: int, skip_items: int) -> tuple[int | None, bool]:
+    """Tell an epoch-aware sampler which epoch starts (and how many samples to skip).
+    Returns the number of batches and whether the sampler did the skipping."""
+    skipped = False
+    for owner in (loader, getattr(loader, "batch_sampler", None)):
+        sampler = getattr(owner, "sampler", None)
+        if callable(getattr(sampler, "set_epoch", None)):
+            sampler.set_epoch(epoch)
+            if skip_items and callable(getattr(sampler, "skip", None)):
+                sampler.skip(skip_items)
+                skipped = True
+            break
+    if skip_items and not skipped:
+        log.warning(
+            "The data loader's sampler cannot skip samples: resuming by reading and dropping "
+            "the batches already seen this epoch (build loaders with DataLoaderBuilder to avoid it)."
+        )
+    try:
+        total = len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        total = None
+    return total, skipped
+
+
+def resume_logs(processor: Any, artifact_dir: Path, epoch: int, iteration: int) -> None:
+    """Resuming mid-epoch: keep the first `iteration` lines of each training metric log
+    of `epoch` (later lines came after the checkpoint), load them into the metric
+    states, and drop that epoch's validation logs."""
+    if iteration == 0:
+        return
+    shutil.rmtree(artifact_dir / "valid" / f"epoch-{epoch}", ignore_errors=True)
+    for state in processor.states.get("train", ()):
+        path = artifact_dir / "train" / f"epoch-{epoch}" / metric_file_name(state.name)
+        if not path.exists():
+            continue
+        lines = path.read_text(encoding="utf-8").split("\n")[:-1][:iteration]
+        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        rows = [(float(v), float(w)) for v, w in (line.split(",") for line in lines)]
+        state.add_rows(rows)

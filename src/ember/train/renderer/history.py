@@ -1,0 +1,140 @@
+"""Bounded per-iteration history of one metric in one split, for the dashboard's charts."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+_finite = math.isfinite
+
+
+@dataclass(frozen=True)
+class HistoryView:
+    """A copy of a `History` taken under the renderer's lock, read without it."""
+
+    size: int
+    sums: tuple[float, ...]
+    counts: tuple[int, ...]
+    raw: tuple[int, ...]
+    epochs: tuple[tuple[int, int, int | None], ...]
+    count: int
+    recent: tuple[float, ...]
+
+    def x_of(self, index: float) -> float:
+        """The position of raw value `index` in epochs: epoch e spans (e - 1, e]."""
+        epochs = self.epochs
+        for position in range(len(epochs) - 1, -1, -1):
+            epoch, start, total = epochs[position]
+            if index >= start or position == 0:
+                if position + 1 < len(epochs):
+                    length = epochs[position + 1][1] - start
+                else:
+                    length = total if total else self.count - start
+                return epoch - 1 + (index - start + 1) / max(length, 1)
+        return 0.0
+
+    def points(self) -> list[tuple[float, float]]:
+        """Bucket means as (x in epochs, value); buckets without a finite value are left out."""
+        out: list[tuple[float, float]] = []
+        epochs, size, count = self.epochs, self.size, self.count
+        if not epochs:
+            return out
+        segment = 0
+        last = len(epochs) - 1
+        for bucket, (total, finite, raw) in enumerate(zip(self.sums, self.counts, self.raw)):
+            if not finite:
+                continue
+            center = bucket * size + (raw - 1) / 2
+            while segment < last and center >= epochs[segment + 1][1]:
+                segment += 1
+            epoch, start, expected = epochs[segment]
+            if segment < last:
+                length = epochs[segment + 1][1] - start
+            else:
+                length = expected if expected else count - start
+            out.append((epoch - 1 + (center - start + 1) / max(length, 1), total / finite))
+        return out
+
+    @property
+    def last_x(self) -> float | None:
+        return self.x_of(self.count - 1) if self.count else None
+
+
+class History:
+    """Iteration values in at most `capacity` buckets (bucket means, bucket size doubling as
+    the run grows), the epoch boundaries, and the last `recent` raw values. Appends are
+    amortised O(1); memory stays bounded however long the run."""
+
+    __slots__ = ("capacity", "size", "sums", "counts", "raw", "epochs", "count", "recent")
+
+    def __init__(self, capacity: int = 512, recent: int = 300) -> None:
+        if capacity < 2 or capacity % 2:
+            raise ValueError(f"capacity must be an even number >= 2, got {capacity!r}")
+        self.capacity = capacity
+        self.size = 1
+        self.sums: list[float] = []
+        self.counts: list[int] = []
+        self.raw: list[int] = []
+        self.epochs: list[tuple[int, int, int | None]] = []
+        self.count = 0
+        self.recent: deque[float] = deque(maxlen=max(1, recent))
+
+    def extend(self, epoch: int, num_iterations: int | None, values: Sequence[float]) -> None:
+        """Append one tick's values of `epoch` (which has `num_iterations` if known)."""
+        if not values:
+            return
+        if not self.epochs or self.epochs[-1][0] != epoch:
+            self.epochs.append((epoch, self.count, num_iterations))
+        self.recent.extend(values)
+        index, total = 0, len(values)
+        while index < total:
+            if not self.raw or self.raw[-1] >= self.size:
+                if len(self.raw) >= self.capacity:
+                    self._halve()
+                self.sums.append(0.0)
+                self.counts.append(0)
+                self.raw.append(0)
+            room = self.size - self.raw[-1]
+            chunk = values[index : index + room]
+            good = [value for value in chunk if _finite(value)]
+            if good:
+                self.sums[-1] += sum(good)
+                self.counts[-1] += len(good)
+            self.raw[-1] += len(chunk)
+            index += len(chunk)
+        self.count += total
+
+    def _halve(self) -> None:
+        """Merge neighbouring buckets: half as many, each twice as wide."""
+
+        def pairs(items: list) -> list:
+            return [items[i] + items[i + 1] for i in range(0, len(items) - 1, 2)]
+
+        self.sums, self.counts, self.raw = pairs(self.sums), pairs(self.counts), pairs(self.raw)
+        self.size *= 2
+
+    def view(self) -> HistoryView:
+        """An immutable copy for drawing (O(capacity + recent), C-speed copies)."""
+        return HistoryView(
+            self.size,
+            tuple(self.sums),
+            tuple(self.counts),
+            tuple(self.raw),
+            tuple(self.epochs),
+            self.count,
+            tuple(self.recent),
+        )
+
+
+def finite_range(values: Iterable[float]) -> tuple[float, float] | None:
+    """(min, max) of the finite values, or None."""
+    low, high = math.inf, -math.inf
+    for value in values:
+        if _finite(value):
+            if value < low:
+                low = value
+            if value > high:
+                high = value
+    return (low, high) if low <= high else None

@@ -1,0 +1,37 @@
+"""Ctrl-C and SIGTERM during `fit`: the first asks for a graceful stop."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Any, Iterator
+
+from ember.train.interrupter import Interrupter
+
+
+@contextlib.contextmanager
+def signal_handlers(interrupter: Interrupter) -> Iterator[None]:
+    """While training: SIGTERM and a first Ctrl-C stop gracefully (checkpoint, clean
+    exit); a second Ctrl-C raises KeyboardInterrupt at once. Only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if interrupter.should_stop():
+            raise KeyboardInterrupt
+        interrupter.stop("interrupted by Ctrl-C (press it again to stop at once)")
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        interrupter.stop("terminated by SIGTERM")
+
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, on_sigint),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, on_sigterm),
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
