@@ -6,13 +6,13 @@ import pytest
 import torch
 
 import ember
-from ember.errors import ConfigError
+from ember.errors import ConfigError, TrainingError
 from ember.optim import AdamConfig
 from ember.record import CompactRecorder, DefaultRecorder
 from ember.train import LearnerBuilder
 from ember.train.metric import AccuracyMetric, LossMetric
 
-from conftest import Classifier
+from ember_testing import Classifier
 
 
 def builder(directory, quiet, epochs, recorder=None):
@@ -40,7 +40,7 @@ def test_each_epoch_writes_model_optim_and_scheduler(tmp_path, loaders, quiet):
 def test_resume_from_checkpoint_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, blobs, quiet):
     from ember.data import DataLoaderBuilder
 
-    from conftest import BlobBatcher
+    from ember_testing import BlobBatcher
 
     def loaders():
         return (
@@ -72,3 +72,111 @@ def test_a_missing_checkpoint_names_the_epochs_that_exist(tmp_path, loaders, qui
     builder(tmp_path, quiet, 2).build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
     with pytest.raises(ConfigError, match=r"no checkpoint of epoch 7 .*\(epochs saved: 1, 2\)"):
         builder(tmp_path, quiet, 9).checkpoint(7).build(Classifier(), AdamConfig().init(), 1e-2)
+
+
+
+class ScriptedLoss:
+    """A validation "Loss" whose epoch values are scripted: best at epoch 2."""
+
+    name, unit, input_type = "Loss", "", object
+    values = {1: 3.0, 2: 0.5, 3: 2.0, 4: 1.0, 5: 1.5}
+
+    def update(self, item, meta):
+        from ember.train.metric import MetricValue
+
+        return MetricValue(self.values[meta.epoch], 1)
+
+    def clear(self):
+        pass
+
+
+def scripted_builder(directory, quiet, epochs):
+    return (
+        LearnerBuilder(directory)
+        .metric_valid_numeric(ScriptedLoss())
+        .with_file_checkpointer(DefaultRecorder())
+        .num_epochs(epochs)
+        .renderer(quiet)
+    )
+
+
+def saved_epochs(directory) -> list[int]:
+    return sorted({int(p.name.split("-")[1].split(".")[0]) for p in (directory / "checkpoint").iterdir()})
+
+
+def test_default_retention_keeps_the_last_two_and_the_best_by_valid_loss(tmp_path, loaders, quiet):
+    scripted_builder(tmp_path, quiet, 5).build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
+    assert saved_epochs(tmp_path) == [2, 4, 5]
+    assert len(list((tmp_path / "checkpoint").iterdir())) == 9  # three parts each
+    assert "Checkpoint of epoch 3 deleted (retention)." in (tmp_path / "experiment.log").read_text()
+
+
+def test_keep_last_n_strategy(tmp_path, loaders, quiet):
+    from ember.train.checkpoint import KeepLastNCheckpoints
+
+    builder = scripted_builder(tmp_path, quiet, 4).with_checkpointing_strategy(KeepLastNCheckpoints(1))
+    builder.build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
+    assert saved_epochs(tmp_path) == [4]
+
+
+def test_composed_strategy_deletes_only_when_all_agree(tmp_path, loaders, quiet):
+    from ember.train.checkpoint import (
+        ComposedCheckpointingStrategy,
+        KeepLastNCheckpoints,
+        MetricCheckpointingStrategy,
+    )
+
+    strategy = ComposedCheckpointingStrategy(
+        KeepLastNCheckpoints(1), MetricCheckpointingStrategy(ScriptedLoss(), direction="highest")
+    )
+    builder = scripted_builder(tmp_path, quiet, 5).with_checkpointing_strategy(strategy)
+    builder.build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
+    assert saved_epochs(tmp_path) == [1, 5]  # epoch 1 has the highest scripted value
+
+
+def test_restore_best_hands_back_the_best_epoch_weights(tmp_path, loaders, quiet):
+    learner = scripted_builder(tmp_path, quiet, 4).build(Classifier(), AdamConfig().init(), 1e-2)
+    model = learner.fit(*loaders, restore_best=True)
+    best = DefaultRecorder().load(Classifier(), tmp_path / "checkpoint" / "model-2").state_dict()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, best[name]), name
+    assert "Restored the weights of epoch 2, best valid Loss" in (tmp_path / "experiment.log").read_text()
+
+
+def test_a_failed_checkpoint_write_stops_the_run_and_keeps_the_previous_one(tmp_path, loaders, quiet, monkeypatch):
+    builder = scripted_builder(tmp_path, quiet, 4)
+    learner = builder.build(Classifier(), AdamConfig().init(), 1e-2)
+    calls = {"n": 0}
+    original = DefaultRecorder.save
+
+    def failing_save(self, item, path, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 3:  # epoch 1 writes fine, epoch 2 fails
+            raise OSError(28, "No space left on device")
+        return original(self, item, path, **kwargs)
+
+    monkeypatch.setattr(DefaultRecorder, "save", failing_save)
+    with pytest.raises(TrainingError, match=r"Writing a checkpoint failed \(OSError: \[Errno 28\] No space left on device\); the last complete checkpoint is epoch 1"):
+        learner.fit(*loaders)
+    assert saved_epochs(tmp_path) == [1]
+    DefaultRecorder().load(Classifier(), tmp_path / "checkpoint" / "model-1")  # whole and loadable
+    assert "No space left on device" in (tmp_path / "experiment.log").read_text()
+
+
+def test_on_checkpoint_error_warn_goes_on(tmp_path, loaders, quiet, monkeypatch):
+    builder = (
+        LearnerBuilder(tmp_path)
+        .metric_valid_numeric(ScriptedLoss())
+        .with_file_checkpointer(DefaultRecorder(), on_checkpoint_error="warn")
+        .num_epochs(3)
+        .renderer(quiet)
+    )
+    learner = builder.build(Classifier(), AdamConfig().init(), 1e-2)
+
+    def failing_save(self, item, path, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(DefaultRecorder, "save", failing_save)
+    learner.fit(*loaders)
+    assert learner.outcome == "completed"
+    assert "Training goes on (on_checkpoint_error='warn')" in (tmp_path / "experiment.log").read_text()

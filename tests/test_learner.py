@@ -16,7 +16,7 @@ from ember.train import ClassificationOutput, LearnerBuilder, RegressionOutput, 
 from ember.train.logger import read_metric_log
 from ember.train.metric import AccuracyMetric, LossMetric
 
-from conftest import Classifier
+from ember_testing import Classifier
 
 
 def guide_builder(artifact_dir: Path, renderer, epochs: int = 2) -> LearnerBuilder:
@@ -106,7 +106,7 @@ def test_epoch_aggregate_in_experiment_log_is_the_weighted_mean_of_the_lines(tmp
 def test_two_seeded_runs_write_identical_logs(tmp_path, blobs, quiet):
     from ember.data import DataLoaderBuilder
 
-    from conftest import BlobBatcher
+    from ember_testing import BlobBatcher
 
     def run(directory: Path) -> dict[str, str]:
         ember.seed(3)

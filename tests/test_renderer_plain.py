@@ -10,7 +10,7 @@ from ember.train import LearnerBuilder
 from ember.train.metric import AccuracyMetric, LossMetric
 from ember.train.renderer import PlainRenderer
 
-from conftest import Classifier
+from ember_testing import Classifier
 
 
 class SlowClassifier(Classifier):

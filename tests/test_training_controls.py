@@ -16,7 +16,7 @@ from ember.train import ClassificationOutput, LearnerBuilder, TrainOutput
 from ember.train.early_stopping import MetricEarlyStoppingStrategy
 from ember.train.metric import AccuracyMetric, LossMetric
 
-from conftest import BlobBatcher, BlobDataset, Classifier
+from ember_testing import BlobBatcher, BlobDataset, Classifier
 
 
 class Linear(nn.Module):

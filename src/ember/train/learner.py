@@ -29,7 +29,7 @@ from ember.train.processor import MetricsProcessor
 from ember.train.describe import describe, describe_run, run_info
 from ember.train.position import Position, resume_logs, set_epoch
 from ember.train.signals import signal_handlers
-from ember.train.run import prepare_artifact_dir
+from ember.train.run import RunLock, prepare_artifact_dir, remove_stale_temporaries
 from ember.train.step import TrainOutput
 
 log = logging.getLogger("ember")
@@ -63,6 +63,8 @@ class Learner:
         self.epoch = 0
         self.iteration = 0
         self.items = 0
+        self.outcome: str | None = None
+        """After `fit`: "completed", "stopped: <why>" or "stopped early: <why>"."""
 
     # The loop ------------------------------------------------------------------
     def fit(
@@ -71,8 +73,19 @@ class Learner:
         """Train for the configured epochs and return the trained model (with
         `restore_best=True`, the weights of the best epoch kept by the checkpointing
         strategy's metric)."""
+        prepare_artifact_dir(self.artifact_dir, None, overwrite=True, check_only=True)
+        lock = RunLock(self.artifact_dir)
+        lock.acquire()
+        try:
+            return self._fit_locked(train, valid, restore_best)
+        finally:
+            lock.release()
+
+    def _fit_locked(self, train: Iterable[Any], valid: Iterable[Any] | None, restore_best: bool) -> torch.nn.Module:
         position = self._resume_position()
         prepare_artifact_dir(self.artifact_dir, position.kept_epochs(), self.overwrite)
+        if self.checkpointer is not None:
+            remove_stale_temporaries(self.checkpointer.directory)
         app_log = FileApplicationLogger(self.artifact_dir / "experiment.log")
         if self.application_log:
             app_log.install()
@@ -92,6 +105,7 @@ class Learner:
                 self.renderer.start(info)
                 self._emit(Start(position.epoch, self.num_epochs, str(self.artifact_dir)))
                 reason = self._epochs(train, valid, position)
+            self.outcome = reason
             log.info("Training %s after epoch %d.", reason, self.epoch)
             if restore_best:
                 self._restore_best()

@@ -1,5 +1,17 @@
-"""Checkpointing: files per epoch, written atomically."""
+"""Checkpointing: files per epoch, written atomically in the background, with retention."""
 
 from ember.train.checkpoint.file import FileCheckpointer
+from ember.train.checkpoint.strategy import (
+    CheckpointingStrategy,
+    ComposedCheckpointingStrategy,
+    KeepLastNCheckpoints,
+    MetricCheckpointingStrategy,
+)
 
-__all__ = ["FileCheckpointer"]
+__all__ = [
+    "CheckpointingStrategy",
+    "ComposedCheckpointingStrategy",
+    "FileCheckpointer",
+    "KeepLastNCheckpoints",
+    "MetricCheckpointingStrategy",
+]

@@ -64,17 +64,19 @@ class MlflowMetricLogger:
     With `run_id` it attaches to that run (marking it RUNNING again if it had ended);
     otherwise it creates a run named `run_name` in `experiment_name` (created if
     missing). `tracking_uri=None` lets MLflow decide (`MLFLOW_TRACKING_URI`, else its
-    default local store); for a store without a server use `sqlite:///path/mlflow.db`
-    (MLflow 3 refuses `file:` stores unless `MLFLOW_ALLOW_FILE_STORE=true`). No global
-    MLflow state (active run, tracking URI) is read or changed.
+    default local store). For a local store with no server use `sqlite:///path/mlflow.db`;
+    recent MLflow 3 releases refuse `file:` stores unless `MLFLOW_ALLOW_FILE_STORE=true`.
+    No global MLflow state (active run, tracking URI) is read or changed.
 
     Iteration values go to `"{split}/{name}"` at the global step: the number of
     iterations this logger has seen in that split so far, across epochs. Epoch
-    aggregates go to `"{split}/epoch/{name}"` at step = epoch. Keys pass through
-    `mlflow_key`, so `"valid/Accuracy (top-1)"` is stored as `"valid/Accuracy _top-1_"`.
-    Params (an ember `Config` or a dict) are flattened by `flatten_params`; when
-    attaching, params the run already holds with the same value are skipped and a
-    changed value is an error. `close()` ends the run as FINISHED, once.
+    aggregates go to `"{split}/epoch/{name}"` at step = epoch. Iteration values are
+    buffered and sent once `interval` seconds have passed, so a remote server is not
+    called at every render tick; all that is buffered goes out at each epoch end and on
+    `close()`. Keys pass through `mlflow_key`: `"valid/Accuracy (top-1)"` is stored as
+    `"valid/Accuracy _top-1_"`. Params (an ember `Config` or a dict) are flattened by
+    `flatten_params`; when attaching, params the run already holds with the same value
+    are skipped and a changed value is an error. `close()` ends the run as FINISHED, once.
     """
 
     def __init__(
@@ -84,13 +86,14 @@ class MlflowMetricLogger:
         run_name: str | None = None,
         params: Config | Mapping[str, Any] | None = None,
         run_id: str | None = None,
+        interval: float = 2.0,
     ) -> None:
         mlflow = _import_mlflow()
         self._metric = mlflow.entities.Metric
         self._param = mlflow.entities.Param
         self.client: Any = mlflow.MlflowClient(tracking_uri=tracking_uri)
         if run_id is not None:
-            run = self.client.get_run(run_id)
+            run = self._get_run(run_id)
             if run.info.status != "RUNNING":
                 self.client.update_run(run_id, status="RUNNING")
             existing = dict(run.data.params)
@@ -104,8 +107,21 @@ class MlflowMetricLogger:
         self._keys: dict[tuple[str, str, bool], str] = {}
         self._owners: dict[str, tuple[str, str]] = {}
         self._closed = False
+        self.interval = interval
+        self._pending: list[Any] = []
+        self._sent_at = time.monotonic()
         if params is not None:
             self._log_params(flatten_params(params), existing)
+
+    def _get_run(self, run_id: str) -> Any:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_run(run_id)
+        except MlflowException as error:
+            raise EmberError(
+                f"Cannot attach to MLflow run {run_id!r} at {self.client.tracking_uri}: {error}"
+            ) from error
 
     def _experiment_id(self, name: str) -> str:
         from mlflow.exceptions import MlflowException
@@ -145,7 +161,10 @@ class MlflowMetricLogger:
             if owner != (split, name):
                 log.warning(
                     "MLflow key %r is used by metrics %r and %r of %s: their values mix.",
-                    key, owner[1], name, split,
+                    key,
+                    owner[1],
+                    name,
+                    split,
                 )
             self._keys[cache] = key
         return key
@@ -154,45 +173,51 @@ class MlflowMetricLogger:
         if self._closed:
             raise EmberError(f"MlflowMetricLogger: run {self.run_id} was ended by close().")
 
-    def _send(self, metrics: list[Any]) -> None:
-        for start in range(0, len(metrics), METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[start : start + METRICS_PER_BATCH])
+    def flush(self) -> None:
+        """Send the buffered metrics now, in `log_batch` calls of at most 1000."""
+        pending, self._pending = self._pending, []
+        self._sent_at = time.monotonic()
+        for start in range(0, len(pending), METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=pending[start : start + METRICS_PER_BATCH])
 
     def log(self, split: str, epoch: int, records: Sequence[MetricRecord]) -> None:
-        """All records in one `log_batch` (chunked by MLflow's limit), at global steps."""
+        """Buffer the records at their global steps; send when `interval` has passed."""
         self._check_open()
         now = int(time.time() * 1000)
         metric = self._metric
-        self._send(
-            [
-                metric(
-                    self._key(split, record.name, False),
-                    float(record.value),
-                    now,
-                    self._steps.step(split, epoch, record.iteration),
-                )
-                for record in records
-            ]
+        self._pending.extend(
+            metric(
+                self._key(split, record.name, False),
+                float(record.value),
+                now,
+                self._steps.step(split, epoch, record.iteration),
+            )
+            for record in records
         )
+        due = time.monotonic() - self._sent_at >= self.interval
+        if due or len(self._pending) >= METRICS_PER_BATCH:
+            self.flush()
 
     def end_epoch(self, split: str, epoch: int, aggregates: dict[str, float]) -> None:
-        """The epoch aggregates at step = epoch, in one `log_batch`."""
+        """Add the epoch aggregates at step = epoch and send everything buffered."""
         self._check_open()
         self._steps.end_epoch(split, epoch)
         now = int(time.time() * 1000)
-        self._send(
-            [
-                self._metric(self._key(split, name, True), float(value), now, epoch)
-                for name, value in aggregates.items()
-            ]
+        self._pending.extend(
+            self._metric(self._key(split, name, True), float(value), now, epoch)
+            for name, value in aggregates.items()
         )
+        self.flush()
 
     def close(self) -> None:
-        """End the run with status FINISHED (once; later calls do nothing)."""
+        """Send what is buffered and end the run with status FINISHED (once)."""
         if self._closed:
             return
         self._closed = True
-        self.client.set_terminated(self.run_id, status="FINISHED")
+        try:
+            self.flush()
+        finally:
+            self.client.set_terminated(self.run_id, status="FINISHED")
 
 
 def _import_mlflow() -> Any:

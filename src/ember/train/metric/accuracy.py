@@ -25,18 +25,21 @@ class AccuracyMetric:
     def update(self, input: ClassificationInput, meta: MetricMetadata) -> MetricValue:
         output, targets = input.output, input.targets
         pad = self.pad_token if self.pad_token is not None else input.pad_token
-        if output.dim() == 1:  # binary scores
+        if output.dim() == 2 and output.shape[1] == 1:
+            output = output[:, 0]
+        if output.dim() == 1:  # binary: probabilities of the positive class
             predicted = (output > 0.5).to(targets.dtype)
         else:
             predicted = output.argmax(dim=-1)
         correct = predicted == targets
+        # Counts are exact integers; float64 (where the device has it) keeps the percentage exact.
+        exact = torch.float32 if output.device.type == "mps" else torch.float64
         if pad is None:
             n = int(targets.numel())
-            # Counts are exact integers; float64 keeps e.g. 21/32 at exactly 65.625 %.
-            return MetricValue(correct.sum().to(torch.float64) * (100.0 / max(n, 1)), n)
+            return MetricValue(correct.sum().to(exact) * (100.0 / max(n, 1)), n)
         mask = targets != pad
         count = mask.sum()
-        value = (correct & mask).sum().to(torch.float64) * 100.0 / count.clamp(min=1).to(torch.float64)
+        value = (correct & mask).sum().to(exact) * 100.0 / count.clamp(min=1).to(exact)
         return MetricValue(value, count)
 
     def clear(self) -> None:

@@ -56,7 +56,7 @@ class MetricState:
             if value is None:
                 return None
             if isinstance(value, torch.Tensor):
-                return float(value.detach().float().cpu())
+                return float(value.detach().double().cpu())
             return float(value)
         if not self.rows:
             return None
@@ -64,16 +64,16 @@ class MetricState:
 
 
 def to_host(values: list[Any]) -> list[float]:
-    """Numbers and scalar tensors as floats, with one device transfer per device."""
+    """Numbers and scalar tensors as floats, with one transfer per device and dtype."""
     out: list[float] = [0.0] * len(values)
-    by_device: dict[torch.device, list[int]] = {}
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for index, value in enumerate(values):
         if isinstance(value, torch.Tensor):
-            by_device.setdefault(value.device, []).append(index)
+            groups.setdefault((value.device, value.dtype), []).append(index)
         else:
             out[index] = float(value)
-    for indexes in by_device.values():
-        stacked = torch.stack([values[i].detach().reshape(()).double() for i in indexes])
-        for i, number in zip(indexes, stacked.cpu().tolist()):
+    for indexes in groups.values():
+        stacked = torch.stack([values[i].detach().reshape(()) for i in indexes])
+        for i, number in zip(indexes, stacked.to("cpu").double().tolist()):
             out[i] = number
     return out

@@ -1,7 +1,8 @@
-"""Terminal charts drawn with rich text: braille line charts and block bar charts.
+"""Terminal charts: braille line charts and block bar charts.
 
-Both return exactly `height` lines of exactly `width` cells, so a panel can hold them
-without re-wrapping. They cost O(points + width * height) per call.
+Both return exactly `height` lines of exactly `width` cells. A line is a list of
+(text, style) runs. The work is done with numpy over at most a few thousand points, so
+a chart costs well under a millisecond.
 """
 
 from __future__ import annotations
@@ -10,25 +11,29 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from rich.text import Text
+import numpy as np
 
-# Braille dot bits by (column, row) inside a 2 x 4 cell.
-_DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
-_BLOCKS = " ▁▂▃▄▅▆▇█"
+Line = list[tuple[str, str]]
+"""One terminal line as (text, rich style) runs."""
+
 LABEL_WIDTH = 9
 AXIS_STYLE = "grey50"
+# Braille dot bits by [column within the cell, row within the cell].
+_DOT_BITS = np.array([[0x01, 0x02, 0x04, 0x40], [0x08, 0x10, 0x20, 0x80]], dtype=np.uint32)
+_BLOCKS = np.array([ord(c) for c in " ▁▂▃▄▅▆▇█"], dtype=np.uint32)
 
 
 @dataclass(frozen=True)
 class Series:
-    """One curve: (x, y) points in x order, and the rich style it is drawn in."""
+    """One curve: x and y values (x ascending) and the rich style it is drawn in."""
 
-    points: Sequence[tuple[float, float]]
+    x: Sequence[float] | np.ndarray
+    y: Sequence[float] | np.ndarray
     style: str
 
 
 def tick(value: float) -> str:
-    """An axis label: at most `LABEL_WIDTH - 1` characters."""
+    """An axis label of at most `LABEL_WIDTH - 2` characters."""
     if value == 0:
         return "0"
     magnitude = abs(value)
@@ -47,34 +52,37 @@ def _y_range(low: float, high: float) -> tuple[float, float]:
     return low - pad, high + pad
 
 
-def _empty(width: int, height: int, message: str) -> list[Text]:
-    lines = [Text(" " * width) for _ in range(height)]
-    if height:
-        middle = height // 2
-        lines[middle] = Text(message[:width].center(width), style=AXIS_STYLE)
+def blank(width: int, height: int, message: str = "") -> list[Line]:
+    """An empty chart area with `message` in its middle."""
+    lines: list[Line] = [[(" " * width, "")] for _ in range(height)]
+    if height and message:
+        lines[height // 2] = [(message[:width].center(width), AXIS_STYLE)]
     return lines
 
 
-def _axis_rows(height: int, low: float, high: float) -> list[str]:
-    """Left labels for the plot rows: top, middle and bottom values."""
-    labels = [""] * height
-    if height >= 1:
-        labels[0] = tick(high)
-        labels[-1] = tick(low)
+def _labels(height: int, low: float, high: float) -> list[str]:
+    """The y axis, one string of `LABEL_WIDTH` cells per plot row."""
+    values = [""] * height
+    values[0], values[-1] = tick(high), tick(low)
     if height >= 5:
-        labels[height // 2] = tick((low + high) / 2)
-    return [label[: LABEL_WIDTH - 2].rjust(LABEL_WIDTH - 2) + " ┤" if label else " " * (LABEL_WIDTH - 1) + "│" for label in labels]
+        values[height // 2] = tick((low + high) / 2)
+    return [
+        v[: LABEL_WIDTH - 2].rjust(LABEL_WIDTH - 2) + " ┤" if v else " " * (LABEL_WIDTH - 1) + "│"
+        for v in values
+    ]
 
 
-def x_axis(width: int, x_range: tuple[float, float], ticks: Sequence[tuple[float, str]], caption: str) -> Text:
-    """The line under a chart: tick labels placed at their x, then a caption at the right."""
+def x_axis(
+    width: int, x_range: tuple[float, float], ticks: Sequence[tuple[float, str]], caption: str
+) -> Line:
+    """The line under a chart: tick labels centred on their x, a caption at the right."""
     plot = width - LABEL_WIDTH
     cells = [" "] * plot
     x0, x1 = x_range
     span = (x1 - x0) or 1.0
     taken = -1
     for x, label in ticks:
-        if not x0 <= x <= x1:
+        if not x0 <= x <= x1 or len(label) > plot:
             continue
         centre = int((x - x0) / span * (plot - 1) + 0.5)
         begin = max(0, min(plot - len(label), centre - len(label) // 2))
@@ -83,11 +91,29 @@ def x_axis(width: int, x_range: tuple[float, float], ticks: Sequence[tuple[float
         cells[begin : begin + len(label)] = list(label)
         taken = begin + len(label)
     text = "".join(cells)
-    if caption and len(caption) + 2 <= plot:
-        tail = text[plot - len(caption) - 1 :]
-        if not tail.strip():
-            text = text[: plot - len(caption) - 1] + " " + caption
-    return Text(" " * LABEL_WIDTH + text, style=AXIS_STYLE)
+    if caption and len(caption) + 2 <= plot and not text[plot - len(caption) - 1 :].strip():
+        text = text[: plot - len(caption) - 1] + " " + caption
+    return [(" " * LABEL_WIDTH + text, AXIS_STYLE)]
+
+
+def _runs(text: str, owners: np.ndarray, styles: Sequence[str]) -> Line:
+    """Split a row of cells into runs of one owner; unowned cells join the run before them
+    (a blank looks the same in any colour), so a row has few runs."""
+    marked = np.where(owners >= 0, np.arange(owners.size), -1)
+    np.maximum.accumulate(marked, out=marked)
+    filled = np.where(marked >= 0, owners[np.maximum(marked, 0)], -1)
+    cuts = np.flatnonzero(np.diff(filled)) + 1
+    line: Line = []
+    start = 0
+    for end in [*cuts.tolist(), len(text)]:
+        owner = int(filled[start])
+        line.append((text[start:end], styles[owner] if owner >= 0 else ""))
+        start = end
+    return line
+
+
+def _decode(codepoints: np.ndarray) -> str:
+    return codepoints.astype("<u4").tobytes().decode("utf-32-le")
 
 
 def line_chart(
@@ -98,78 +124,61 @@ def line_chart(
     ticks: Sequence[tuple[float, str]] = (),
     caption: str = "",
     empty: str = "waiting for values",
-) -> list[Text]:
-    """Curves in braille dots (2 x 4 per cell), with a y axis and an x axis line."""
+) -> list[Line]:
+    """Curves in braille dots (2 x 4 per cell), points in one dot column averaged, with
+    a y axis at the left and an x axis line at the bottom."""
     plot_w, plot_h = width - LABEL_WIDTH, height - 1
     if plot_w < 4 or plot_h < 2:
-        return _empty(width, height, "")
-    bounds = [y for s in series for _, y in s.points if math.isfinite(y)]
-    if not bounds:
-        return _empty(width, height, empty)
-    low, high = _y_range(min(bounds), max(bounds))
+        return blank(width, height)
+    curves = []
+    for curve in series:
+        xs = np.asarray(curve.x, dtype=np.float64)
+        ys = np.asarray(curve.y, dtype=np.float64)
+        keep = np.isfinite(ys) & np.isfinite(xs)
+        curves.append((xs[keep], ys[keep]))
+    present = [ys for _, ys in curves if ys.size]
+    if not present:
+        return blank(width, height, empty)
+    low, high = _y_range(min(float(y.min()) for y in present), max(float(y.max()) for y in present))
     dots_w, dots_h = plot_w * 2, plot_h * 4
     x0, x1 = x_range
     x_scale = (dots_w - 1) / ((x1 - x0) or 1.0)
     y_scale = (dots_h - 1) / (high - low)
-    bits = [[0] * plot_w for _ in range(plot_h)]
-    colours: list[list[int]] = [[-1] * plot_w for _ in range(plot_h)]
-    for index, curve in enumerate(series):
-        # Average the points that fall in the same dot column.
-        columns: dict[int, list[float]] = {}
-        for x, y in curve.points:
-            if not math.isfinite(y):
-                continue
-            column = int((x - x0) * x_scale + 0.5)
-            if 0 <= column < dots_w:
-                slot = columns.get(column)
-                if slot is None:
-                    columns[column] = [y, 1.0]
-                else:
-                    slot[0] += y
-                    slot[1] += 1.0
-        previous: tuple[int, int] | None = None
-        for column in sorted(columns):
-            total, n = columns[column]
-            row = dots_h - 1 - int((total / n - low) * y_scale + 0.5)
-            row = min(dots_h - 1, max(0, row))
-            if previous is None:
-                _dot(bits, colours, column, row, index)
-            else:
-                _segment(bits, colours, previous, (column, row), index)
-            previous = (column, row)
-    labels = _axis_rows(plot_h, low, high)
-    lines = []
+    bits = np.zeros((plot_h, plot_w), dtype=np.uint32)
+    owners = np.full((plot_h, plot_w), -1, dtype=np.int64)
+    for index, (xs, ys) in enumerate(curves):
+        if not ys.size:
+            continue
+        columns = np.rint((xs - x0) * x_scale).astype(np.int64)
+        inside = (columns >= 0) & (columns < dots_w)
+        columns, ys = columns[inside], ys[inside]
+        if not columns.size:
+            continue
+        sums = np.bincount(columns, weights=ys, minlength=dots_w)
+        counts = np.bincount(columns, minlength=dots_w)
+        used = np.flatnonzero(counts)
+        rows = (dots_h - 1) - np.rint((sums[used] / counts[used] - low) * y_scale)
+        # Every dot column between the first and last point, rows interpolated, and a
+        # vertical stroke to the previous column's row so steep parts stay connected.
+        span = np.arange(used[0], used[-1] + 1)
+        row = np.clip(np.rint(np.interp(span, used, rows)), 0, dots_h - 1).astype(np.int64)
+        previous = np.concatenate((row[:1], row[:-1]))
+        top, bottom = np.minimum(row, previous), np.maximum(row, previous)
+        lengths = bottom - top + 1
+        dot_x = np.repeat(span, lengths)
+        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        dot_y = np.repeat(top, lengths) + (np.arange(dot_x.size) - starts)
+        cell_y, cell_x = dot_y >> 2, dot_x >> 1
+        np.bitwise_or.at(bits, (cell_y, cell_x), _DOT_BITS[dot_x & 1, dot_y & 3])
+        owners[cell_y, cell_x] = index
+    codepoints = np.where(bits > 0, bits + 0x2800, 0x20)
+    labels = _labels(plot_h, low, high)
+    styles = [curve.style for curve in series]
+    lines: list[Line] = []
     for r in range(plot_h):
-        line = Text(labels[r], style=AXIS_STYLE)
-        row_bits, row_colours = bits[r], colours[r]
-        start = 0
-        while start < plot_w:
-            colour = row_colours[start]
-            end = start + 1
-            while end < plot_w and row_colours[end] == colour:
-                end += 1
-            chunk = "".join(chr(0x2800 + b) if b else " " for b in row_bits[start:end])
-            line.append(chunk, style=series[colour].style if colour >= 0 else "")
-            start = end
-        lines.append(line)
+        lines.append([(labels[r], AXIS_STYLE), *_runs(_decode(codepoints[r]), owners[r], styles)])
     lines.append(x_axis(width, x_range, ticks, caption))
     return lines
-
-
-def _dot(bits: list[list[int]], colours: list[list[int]], x: int, y: int, colour: int) -> None:
-    cell_x, cell_y = x >> 1, y >> 2
-    bits[cell_y][cell_x] |= _DOTS[x & 1][y & 3]
-    colours[cell_y][cell_x] = colour
-
-
-def _segment(
-    bits: list[list[int]], colours: list[list[int]], a: tuple[int, int], b: tuple[int, int], colour: int
-) -> None:
-    (xa, ya), (xb, yb) = a, b
-    steps = max(abs(xb - xa), abs(yb - ya), 1)
-    for step in range(1, steps + 1):
-        t = step / steps
-        _dot(bits, colours, int(xa + (xb - xa) * t + 0.5), int(ya + (yb - ya) * t + 0.5), colour)
 
 
 def bar_chart(
@@ -178,63 +187,47 @@ def bar_chart(
     height: int,
     caption: str = "",
     empty: str = "no epoch finished yet",
-) -> list[Text]:
-    """Grouped vertical bars in eighth-block steps: one group per label (an epoch), one bar
-    per (value, style) in it. Shows the last groups that fit the width."""
+) -> list[Line]:
+    """Grouped vertical bars in eighth-block steps: one group per label (an epoch), one
+    bar per (value, style) in it. The last groups that fit the width are shown."""
     plot_w, plot_h = width - LABEL_WIDTH, height - 1
     if plot_w < 4 or plot_h < 2:
-        return _empty(width, height, "")
+        return blank(width, height)
     values = [v for _, bars in groups for v, _ in bars if v is not None and math.isfinite(v)]
     if not values:
-        return _empty(width, height, empty)
+        return blank(width, height, empty)
     per_group = max(len(bars) for _, bars in groups) or 1
     gap = 2
-    bar_w = max(1, min(5, (plot_w // max(len(groups), 1) - gap) // per_group))
+    bar_w = max(1, min(6, (plot_w // max(len(groups), 1) - gap) // per_group))
     group_w = bar_w * per_group + gap
     shown = list(groups)[-max(1, plot_w // group_w) :]
     low, high = min(values), max(values)
     base = 0.0 if low >= 0 else low
     if high <= base:
         high = base + (abs(base) or 1.0)
-    eighths = plot_h * 8
-    scale = eighths / (high - base)
-    labels = _axis_rows(plot_h, base, high)
-    columns: list[tuple[int, str]] = []  # (height in eighths or -1 for a blank, style)
+    scale = plot_h * 8 / (high - base)
+    styles: list[str] = []
+    levels = np.full(plot_w, -1, dtype=np.int64)
+    owners = np.full(plot_w, -1, dtype=np.int64)
+    column = 0
     for _, bars in shown:
         for position in range(per_group):
             value, style = bars[position] if position < len(bars) else (None, "")
-            level = -1
             if value is not None and math.isfinite(value):
-                level = max(1, int((value - base) * scale + 0.5))
-            columns.extend([(level, style)] * bar_w)
-        columns.extend([(-1, "")] * gap)
-    columns = columns[:plot_w]
-    lines = []
+                styles.append(style)
+                levels[column : column + bar_w] = max(1, int((value - base) * scale + 0.5))
+                owners[column : column + bar_w] = len(styles) - 1
+            column += bar_w
+        column += gap
+    labels = _labels(plot_h, base, high)
+    lines: list[Line] = []
     for r in range(plot_h):
-        floor = (plot_h - 1 - r) * 8
-        cells = []
-        for level, style in columns:
-            fill = 0 if level < 0 else min(8, max(0, level - floor))
-            cells.append((_BLOCKS[fill], style if fill else ""))
-        cells.extend([(" ", "")] * (plot_w - len(columns)))
-        lines.append(_join(labels[r], cells))
-    ticks = "".join(label[:group_w].center(group_w - gap + 1).ljust(group_w) for label, _ in shown)
-    axis = ticks[:plot_w].ljust(plot_w)
+        fill = np.clip(levels - (plot_h - 1 - r) * 8, 0, 8)
+        lines.append([(labels[r], AXIS_STYLE), *_runs(_decode(_BLOCKS[fill]), owners, styles)])
+    axis = "".join(
+        label[: group_w - 1].center(group_w - gap).ljust(group_w) for label, _ in shown
+    )[:plot_w].ljust(plot_w)
     if caption and len(caption) + 2 <= plot_w and not axis[plot_w - len(caption) - 1 :].strip():
         axis = axis[: plot_w - len(caption) - 1] + " " + caption
-    lines.append(Text(" " * LABEL_WIDTH + axis, style=AXIS_STYLE))
+    lines.append([(" " * LABEL_WIDTH + axis, AXIS_STYLE)])
     return lines
-
-
-def _join(label: str, cells: Sequence[tuple[str, str]]) -> Text:
-    """A chart row: the axis label, then the cells grouped into runs of one style."""
-    line = Text(label, style=AXIS_STYLE)
-    start, total = 0, len(cells)
-    while start < total:
-        style = cells[start][1]
-        end = start + 1
-        while end < total and cells[end][1] == style:
-            end += 1
-        line.append("".join(char for char, _ in cells[start:end]), style=style)
-        start = end
-    return line

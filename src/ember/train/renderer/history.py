@@ -7,6 +7,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+import numpy as np
+
 _finite = math.isfinite
 
 
@@ -35,27 +37,24 @@ class HistoryView:
                 return epoch - 1 + (index - start + 1) / max(length, 1)
         return 0.0
 
-    def points(self) -> list[tuple[float, float]]:
-        """Bucket means as (x in epochs, value); buckets without a finite value are left out."""
-        out: list[tuple[float, float]] = []
-        epochs, size, count = self.epochs, self.size, self.count
-        if not epochs:
-            return out
-        segment = 0
-        last = len(epochs) - 1
-        for bucket, (total, finite, raw) in enumerate(zip(self.sums, self.counts, self.raw)):
-            if not finite:
-                continue
-            center = bucket * size + (raw - 1) / 2
-            while segment < last and center >= epochs[segment + 1][1]:
-                segment += 1
-            epoch, start, expected = epochs[segment]
-            if segment < last:
-                length = epochs[segment + 1][1] - start
-            else:
-                length = expected if expected else count - start
-            out.append((epoch - 1 + (center - start + 1) / max(length, 1), total / finite))
-        return out
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Bucket means as x (in epochs) and y arrays; buckets with no finite value are left out."""
+        if not self.epochs or not self.counts:
+            return np.zeros(0), np.zeros(0)
+        sums = np.asarray(self.sums, dtype=np.float64)
+        counts = np.asarray(self.counts, dtype=np.float64)
+        raw = np.asarray(self.raw, dtype=np.float64)
+        centres = np.arange(raw.size) * self.size + (raw - 1) / 2
+        numbers = np.array([epoch for epoch, _, _ in self.epochs], dtype=np.float64)
+        starts = np.array([start for _, start, _ in self.epochs], dtype=np.float64)
+        lengths = np.empty_like(starts)
+        lengths[:-1] = np.diff(starts)
+        _, last_start, expected = self.epochs[-1]
+        lengths[-1] = expected if expected else self.count - last_start
+        segment = np.clip(np.searchsorted(starts, centres, side="right") - 1, 0, None)
+        x = numbers[segment] - 1 + (centres - starts[segment] + 1) / np.maximum(lengths[segment], 1)
+        keep = counts > 0
+        return x[keep], sums[keep] / counts[keep]
 
     @property
     def last_x(self) -> float | None:

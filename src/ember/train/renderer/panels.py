@@ -1,4 +1,9 @@
-"""The dashboard's panels, drawn from a `Snapshot` of the run (no locks, no threads here)."""
+"""The dashboard's panels, drawn from a `Snapshot` of the run (no locks, no threads here).
+
+Panels are composed as plain (text, style) runs of known width rather than rich
+layouts: a whole frame costs about a millisecond, so drawing it ten times a second
+takes little from the training thread.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +11,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from rich.console import Group, RenderableType
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
+from rich.cells import cell_len, set_cell_size
 
 from ember.train.renderer.base import MetricView, Progress, RunInfo
-from ember.train.renderer.charts import Series, bar_chart, line_chart
+from ember.train.renderer.charts import Line, Series, bar_chart, blank, line_chart
 from ember.train.renderer.format import format_duration, format_number
 from ember.train.renderer.history import HistoryView
 
 VIEWS = ("history", "recent", "epochs")
+"""The chart views, in the order up/down cycles through them."""
 SPLIT_STYLES = {"train": "cyan", "valid": "magenta"}
 BORDER = "grey42"
+LABEL = "grey62"
 STATUS_WIDTH = 34
 PROGRESS_HEIGHT = 4
 
@@ -51,46 +55,80 @@ class Snapshot:
     closing: bool = False
 
 
-def dashboard(snapshot: Snapshot, width: int, height: int) -> RenderableType:
-    """The whole dashboard, exactly `width` x `height` cells."""
+# Lines -------------------------------------------------------------------------------
+def fit(line: Line, width: int) -> Line:
+    """`line` cropped or padded to exactly `width` cells."""
+    out: Line = []
+    used = 0
+    for text, style in line:
+        size = cell_len(text)
+        if used + size > width:
+            room = width - used
+            if room > 0:
+                out.append((set_cell_size(text, room), style))
+            return out
+        out.append((text, style))
+        used += size
+    if used < width:
+        out.append((" " * (width - used), ""))
+    return out
+
+
+def box(
+    title: Line, body: Sequence[Line], width: int, height: int, subtitle: str = ""
+) -> list[Line]:
+    """A rounded box of `width` x `height` around `body` (cropped or padded to fit)."""
+    inner = width - 4
+    head = fit([("╭─ ", BORDER), *title, (" ", BORDER)], width - 1)
+    if cell_len(head[-1][0]) and head[-1][1] == "" and not head[-1][0].strip():
+        head[-1] = ("─" * len(head[-1][0]), BORDER)
+    lines: list[Line] = [[*head, ("╮", BORDER)]]
+    for index in range(height - 2):
+        content = body[index] if index < len(body) else []
+        lines.append([("│ ", BORDER), *fit(content, inner), (" │", BORDER)])
+    tail = f" {subtitle} ─╯" if subtitle and len(subtitle) + 6 <= width else "╯"
+    lines.append([("╰" + "─" * (width - 1 - len(tail)) + tail, BORDER)])
+    return lines
+
+
+def beside(left: Sequence[Line], right: Sequence[Line]) -> list[Line]:
+    return [[*a, *b] for a, b in zip(left, right)]
+
+
+# The frame ---------------------------------------------------------------------------
+def dashboard(snapshot: Snapshot, width: int, height: int) -> list[Line]:
+    """The whole dashboard: exactly `height` lines of `width` cells."""
     rows = _metric_rows(snapshot)
     top = min(max(len(rows) + 3, 8), max(8, height // 3))
     plot = max(6, height - 2 - top - PROGRESS_HEIGHT)
-    grid = Table.grid(expand=True)
-    grid.add_column(ratio=1)
-    grid.add_column(width=STATUS_WIDTH)
-    grid.add_row(metrics_panel(snapshot, rows, top), status_panel(snapshot, top))
-    return Group(
-        header(snapshot, width),
-        grid,
-        plot_panel(snapshot, width, plot),
-        progress_panel(snapshot, width),
-        footer(snapshot, width),
+    status_w = min(STATUS_WIDTH, max(20, width // 3))
+    lines = [header(snapshot, width)]
+    lines += beside(
+        metrics_panel(snapshot, rows, width - status_w, top), status_panel(snapshot, status_w, top)
     )
+    lines += plot_panel(snapshot, width, plot)
+    lines += progress_panel(snapshot, width)
+    lines.append(footer(snapshot, width))
+    return [fit(line, width) for line in lines[:height]]
 
 
-def header(snapshot: Snapshot, width: int) -> Text:
+def header(snapshot: Snapshot, width: int) -> Line:
     info = snapshot.info
-    state = "training"
-    if snapshot.reason is not None:
-        state = snapshot.reason
-    elif snapshot.notice:
+    state = snapshot.reason if snapshot.reason is not None else "training"
+    if snapshot.reason is None and snapshot.notice:
         state = "stopping"
-    text = Text(" ember ", style="bold black on cyan")
-    text.append(
-        f" {info.model_name} · {info.num_parameters:,} parameters · {', '.join(info.devices)}"
-        f" · {info.artifact_dir}",
-        style="bold",
-    )
     right = f" {state} "
-    room = width - text.cell_len - len(right)
-    if room < 1:
-        text.truncate(max(1, width - len(right) - 1), overflow="ellipsis")
-        room = width - text.cell_len - len(right)
-    text.append(" " * max(1, room))
-    text.append(right, style="reverse" if snapshot.reason is None else "bold")
-    text.truncate(width)
-    return text
+    about = (
+        f" {info.model_name} · {info.num_parameters:,} parameters · {', '.join(info.devices)}"
+        f" · {info.artifact_dir}"
+    )
+    room = max(0, width - 7 - len(right) - 1)
+    left = fit([(about, "bold")], room) if cell_len(about) > room else [(about, "bold")]
+    line: Line = [(" ember ", "bold black on cyan"), *left]
+    used = 7 + sum(cell_len(text) for text, _ in left)
+    line.append((" " * max(1, width - used - len(right)), ""))
+    line.append((right, "reverse" if snapshot.reason is None else "bold"))
+    return line
 
 
 def _metric_rows(snapshot: Snapshot) -> list[tuple[str, str, dict[str, MetricView]]]:
@@ -100,58 +138,63 @@ def _metric_rows(snapshot: Snapshot) -> list[tuple[str, str, dict[str, MetricVie
     for view in snapshot.views:
         order.setdefault(view.name, {})[view.split] = view
         units.setdefault(view.name, view.unit)
+    if not order:
+        for split, name, unit, _ in snapshot.info.metrics:
+            order.setdefault(name, {})
+            units.setdefault(name, unit)
     return [(name, units[name], splits) for name, splits in order.items()]
 
 
-def metrics_panel(snapshot: Snapshot, rows: list, height: int) -> Panel:
-    table = Table(box=None, expand=True, padding=(0, 1), show_edge=False, header_style="bold")
-    table.add_column("metric", no_wrap=True, ratio=2)
+def metrics_panel(snapshot: Snapshot, rows: list, width: int, height: int) -> list[Line]:
+    inner = width - 4
+    cell = max(6, min(13, (inner - 12) // 4))
+    name_w = max(4, inner - 4 * cell)
+    body: list[Line] = [[("  " + "metric".ljust(name_w - 2)[: name_w - 2], "bold")]]
     for split in ("train", "valid"):
-        style = SPLIT_STYLES[split]
-        table.add_column(f"{split} last", justify="right", no_wrap=True, style=style, ratio=1)
-        table.add_column(f"{split} epoch", justify="right", no_wrap=True, style=style, ratio=1)
+        body[0] += [(f"{split} last".rjust(cell), "bold"), (f"{split} epoch".rjust(cell), "bold")]
     current = snapshot.progress.split if snapshot.progress else None
     for name, unit, splits in rows:
-        cells = []
+        selected = name == snapshot.selected
+        label = set_cell_size(("▸ " if selected else "  ") + name, name_w)
+        line: Line = [(label, "bold" if selected else "")]
         for split in ("train", "valid"):
             view = splits.get(split)
             if view is None:
-                cells += ["", ""]
+                line.append((" " * (2 * cell), ""))
                 continue
             epoch = snapshot.last_epoch_values.get((split, name))
             if epoch is None or (split == current and snapshot.reason is None):
                 epoch = view.epoch_value
-            cells += [format_number(view.last, unit), format_number(epoch, unit)]
-        selected = name == snapshot.selected
-        label = Text(("▸ " if selected else "  ") + name, style="bold" if selected else "")
-        table.add_row(label, *cells)
+            for value in (view.last, epoch):
+                text = format_number(value, unit)
+                line.append((text[-cell:].rjust(cell), SPLIT_STYLES[split]))
+        body.append(line)
     if not rows:
-        table.add_row(Text("no metric registered", style="grey50"), "", "", "", "")
-    return Panel(table, title="metrics", title_align="left", border_style=BORDER, height=height)
+        body.append([("  no metric registered", LABEL)])
+    return box([("metrics", "bold")], body, width, height)
 
 
-def status_panel(snapshot: Snapshot, height: int) -> Panel:
+def status_panel(snapshot: Snapshot, width: int, height: int) -> list[Line]:
     progress, info = snapshot.progress, snapshot.info
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(style="grey62", no_wrap=True)
-    grid.add_column(no_wrap=True)
+    rows: list[tuple[str, str, str]] = []
     if progress is None:
-        grid.add_row("mode", "starting")
-        grid.add_row("epoch", f"{info.start_epoch}/{info.num_epochs}")
+        rows.append(("mode", "starting", ""))
+        rows.append(("epoch", f"{info.start_epoch}/{info.num_epochs}", ""))
     else:
-        style = SPLIT_STYLES.get(progress.split, "")
-        grid.add_row("mode", Text(progress.split, style=f"bold {style}"))
-        grid.add_row("epoch", f"{progress.epoch}/{progress.num_epochs}")
+        rows.append(("mode", progress.split, f"bold {SPLIT_STYLES.get(progress.split, '')}"))
+        rows.append(("epoch", f"{progress.epoch}/{progress.num_epochs}", ""))
         total = f"/{progress.num_iterations}" if progress.num_iterations else ""
-        grid.add_row("iteration", f"{progress.iteration}{total}")
-        grid.add_row("items", f"{progress.items:,}  ({progress.items_per_second:,.0f}/s)")
-    grid.add_row("elapsed", format_duration(snapshot.elapsed))
+        rows.append(("iteration", f"{progress.iteration}{total}", ""))
+        rows.append(("items", f"{progress.items:,}", ""))
+    rows.append(("elapsed", format_duration(snapshot.elapsed), ""))
     if snapshot.eta is not None and snapshot.reason is None:
-        grid.add_row("eta", format_duration(snapshot.eta))
-    return Panel(grid, title="status", title_align="left", border_style=BORDER, height=height)
+        rows.append(("eta", format_duration(snapshot.eta), ""))
+    body = [[(f"{label:<10}", LABEL), (value, style)] for label, value, style in rows]
+    return box([("status", "bold")], body, width, height)
 
 
 def view_title(snapshot: Snapshot) -> str:
+    """How the chart shows the metric: "full history", "last N iterations", "per epoch"."""
     if snapshot.view == "recent":
         return f"last {snapshot.recent} iterations"
     if snapshot.view == "epochs":
@@ -159,18 +202,15 @@ def view_title(snapshot: Snapshot) -> str:
     return "full history"
 
 
-def plot_panel(snapshot: Snapshot, width: int, height: int) -> Panel:
+def plot_panel(snapshot: Snapshot, width: int, height: int) -> list[Line]:
     inner_w, inner_h = max(1, width - 4), max(1, height - 2)
     name = snapshot.selected
     if name is None:
-        body: list[Text] = [
-            Text("no numeric metric to plot (register one with metric_train_numeric)", style="grey50")
-        ]
-        title = "plot"
+        title: Line = [("plot", "bold")]
+        body = blank(inner_w, inner_h, "no numeric metric to plot (metric_train_numeric)")
     else:
         unit = snapshot.units.get(name, "")
-        title = f"{name}{f' ({unit})' if unit else ''} · {view_title(snapshot)}"
-        legend = _legend(snapshot)
+        title = [(f"{name}{f' ({unit})' if unit else ''}", "bold"), (f" · {view_title(snapshot)}", "")]
         chart_h = inner_h - 1
         if snapshot.view == "epochs":
             chart = _epochs_chart(snapshot, inner_w, chart_h)
@@ -178,87 +218,70 @@ def plot_panel(snapshot: Snapshot, width: int, height: int) -> Panel:
             chart = _recent_chart(snapshot, inner_w, chart_h)
         else:
             chart = _history_chart(snapshot, inner_w, chart_h)
-        body = [legend, *chart]
-    hint = "◀ ▶ metric · ▲ ▼ view"
-    return Panel(
-        Group(*body),
-        title=f"[bold]{_escape(title)}[/]",
-        title_align="left",
-        subtitle=hint,
-        subtitle_align="right",
-        border_style=BORDER,
-        height=height,
-    )
+        body = [_legend(snapshot), *chart]
+    return box(title, body, width, height, subtitle="◀ ▶ metric · ▲ ▼ view")
 
 
-def _escape(text: str) -> str:
-    return text.replace("[", r"\[")
-
-
-def _legend(snapshot: Snapshot) -> Text:
-    text = Text(" ")
+def _legend(snapshot: Snapshot) -> Line:
+    line: Line = [(" ", "")]
     unit = snapshot.units.get(snapshot.selected or "", "")
     for split in ("train", "valid"):
         history = snapshot.histories.get(split)
         if history is None and split not in snapshot.epoch_values:
             continue
         last = history.recent[-1] if history is not None and history.recent else None
-        text.append("━━ ", style=SPLIT_STYLES[split])
-        text.append(f"{split} {format_number(last, unit)}   ")
-    return text
+        line.append(("━━ ", SPLIT_STYLES[split]))
+        line.append((f"{split} {format_number(last, unit)}   ", ""))
+    return line
 
 
-def _history_chart(snapshot: Snapshot, width: int, height: int) -> list[Text]:
+def _history_chart(snapshot: Snapshot, width: int, height: int) -> list[Line]:
     series, ends = [], []
     for split in ("train", "valid"):
         history = snapshot.histories.get(split)
         if history is None or not history.count:
             continue
-        series.append(Series(history.points(), SPLIT_STYLES[split]))
+        x, y = history.arrays()
+        series.append(Series(x, y, SPLIT_STYLES[split]))
         ends.append(history.last_x or 0.0)
-    start = snapshot.info.start_epoch - 1
+    start = float(snapshot.info.start_epoch - 1)
     end = max(ends) if ends else start + 1.0
     if end <= start:
         end = start + 1.0
-    first, last = start + 1, math.ceil(end)
+    first, last = int(start) + 1, math.ceil(end)
     every = max(1, math.ceil((last - first + 1) * 4 / max(1, width - 9)))
     ticks = [(e - 0.5, str(e)) for e in range(first, last + 1) if (e - first) % every == 0]
     return line_chart(series, width, height, (start, end), ticks, caption="epoch")
 
 
-def _recent_chart(snapshot: Snapshot, width: int, height: int) -> list[Text]:
-    windows = {
-        split: history.recent
-        for split, history in snapshot.histories.items()
-        if history is not None and history.recent
-    }
+def _recent_chart(snapshot: Snapshot, width: int, height: int) -> list[Line]:
+    windows = {split: h.recent for split, h in snapshot.histories.items() if h.recent}
     longest = max((len(values) for values in windows.values()), default=0)
     series = []
     for split in ("train", "valid"):
         values = windows.get(split)
         if values:
             offset = longest - len(values)
-            series.append(
-                Series([(offset + i, v) for i, v in enumerate(values)], SPLIT_STYLES[split])
-            )
-    ticks = [(0.0, f"-{longest}"), (max(longest - 1, 1), "now")] if longest else []
-    return line_chart(
-        series, width, height, (0.0, float(max(longest - 1, 1))), ticks, caption="iterations"
-    )
+            series.append(Series(range(offset, longest), values, SPLIT_STYLES[split]))
+    end = float(max(longest - 1, 1))
+    ticks = [(0.0, f"-{longest}"), (end, "now")] if longest else []
+    return line_chart(series, width, height, (0.0, end), ticks, caption="iterations")
 
 
-def _epochs_chart(snapshot: Snapshot, width: int, height: int) -> list[Text]:
+def _epochs_chart(snapshot: Snapshot, width: int, height: int) -> list[Line]:
     values = snapshot.epoch_values
     epochs = sorted({e for split in values.values() for e in split})
     progress = snapshot.progress
     running: dict[str, float] = {}
     if progress is not None and snapshot.reason is None:
         for view in snapshot.views:
-            if view.name == snapshot.selected and view.split == progress.split:
-                if isinstance(view.epoch_value, float) and progress.epoch not in values.get(
-                    view.split, {}
-                ):
-                    running[view.split] = view.epoch_value
+            if (
+                view.name == snapshot.selected
+                and view.split == progress.split
+                and isinstance(view.epoch_value, float)
+                and progress.epoch not in values.get(view.split, {})
+            ):
+                running[view.split] = view.epoch_value
         if running and progress.epoch not in epochs:
             epochs.append(progress.epoch)
     splits = [s for s in ("train", "valid") if s in values or s in running or s in snapshot.histories]
@@ -266,80 +289,68 @@ def _epochs_chart(snapshot: Snapshot, width: int, height: int) -> list[Text]:
     for epoch in epochs:
         bars: list[tuple[float | None, str]] = []
         for split in splits:
-            value = values.get(split, {}).get(epoch)
-            style = SPLIT_STYLES[split]
-            if value is None and epoch == (progress.epoch if progress else None):
-                value = running.get(split)
-                style = f"dim {style}"
+            value, style = values.get(split, {}).get(epoch), SPLIT_STYLES[split]
+            if value is None and progress is not None and epoch == progress.epoch:
+                value, style = running.get(split), f"dim {style}"
             bars.append((value, style))
         groups.append((str(epoch), bars))
     return bar_chart(groups, width, height, caption="epoch")
 
 
-def _bar(fraction: float, width: int, style: str) -> Text:
-    fraction = min(1.0, max(0.0, fraction))
-    done = int(round(fraction * width))
-    text = Text("━" * done, style=style)
-    text.append("━" * (width - done), style="grey23")
-    return text
+def _bar(fraction: float, width: int, style: str) -> Line:
+    done = int(round(min(1.0, max(0.0, fraction)) * width))
+    return [("━" * done, style), ("━" * (width - done), "grey23")]
 
 
-def progress_panel(snapshot: Snapshot, width: int) -> Panel:
+def progress_panel(snapshot: Snapshot, width: int) -> list[Line]:
     progress = snapshot.progress
-    inner = max(10, width - 4)
-    bar_w = max(4, inner - 51)
-    lines = []
+    bar_w = max(4, width - 4 - 51)
     if progress is None:
-        fraction, label = 0.0, "starting"
-        style = "cyan"
+        fraction, label, style, rate = 0.0, "starting", "cyan", ""
     else:
         total = progress.num_iterations
         fraction = progress.iteration / total if total else 0.0
         label = f"{progress.split} {progress.iteration}{f'/{total}' if total else ''}"
         style = SPLIT_STYLES.get(progress.split, "cyan")
-    rate = f"{progress.items_per_second:,.0f} items/s" if progress else ""
-    line = Text("epoch ", style="grey62")
-    line.append_text(_bar(fraction, bar_w, style))
-    line.append(f" {100 * fraction:5.1f}%  {label:<16} {rate:>18}"[: inner - line.cell_len])
-    lines.append(line)
+        rate = f"{progress.items_per_second:,.0f} items/s"
+    epoch_line: Line = [("epoch ", LABEL), *_bar(fraction, bar_w, style)]
+    epoch_line.append((f" {100 * fraction:5.1f}%  {label:<16} {rate:>18}", ""))
     overall = snapshot.fraction or 0.0
     epoch = f"epoch {progress.epoch}/{progress.num_epochs}" if progress else ""
-    eta = f"eta {format_duration(snapshot.eta)}" if snapshot.eta is not None else "eta -"
     if snapshot.reason is not None:
         eta = f"took {format_duration(snapshot.elapsed)}"
-    line = Text("total ", style="grey62")
-    line.append_text(_bar(overall, bar_w, "green"))
-    line.append(f" {100 * overall:5.1f}%  {epoch:<16} {eta:>18}"[: inner - line.cell_len])
-    lines.append(line)
-    return Panel(
-        Group(*lines), title="progress", title_align="left", border_style=BORDER, height=PROGRESS_HEIGHT
-    )
-
-
-def footer(snapshot: Snapshot, width: int) -> Text:
-    if snapshot.closing:
-        text = Text(f" training {snapshot.reason} · press any key to close ", style="bold reverse")
-    elif snapshot.prompt:
-        text = Text(" stop the run? ", style="bold reverse")
-        text.append("  s", style="bold")
-        text.append(" stop gracefully (finish the step, checkpoint, exit)  ")
-        text.append("k", style="bold")
-        text.append(" kill now  ")
-        text.append("c", style="bold")
-        text.append(" cancel")
-    elif snapshot.notice:
-        text = Text(f" {snapshot.notice} ", style="bold yellow")
-    elif snapshot.reason is not None:
-        text = Text(f" training {snapshot.reason}", style="bold")
     else:
-        text = Text(" ◀ ▶", style="bold")
-        text.append(" metric   ")
-        text.append("▲ ▼", style="bold")
-        text.append(" view   ")
-        text.append("q", style="bold")
-        text.append(" stop or kill")
-    text.truncate(width)
-    return text
+        eta = f"eta {format_duration(snapshot.eta)}" if snapshot.eta is not None else "eta -"
+    total_line: Line = [("total ", LABEL), *_bar(overall, bar_w, "green")]
+    total_line.append((f" {100 * overall:5.1f}%  {epoch:<16} {eta:>18}", ""))
+    return box([("progress", "bold")], [epoch_line, total_line], width, PROGRESS_HEIGHT)
+
+
+def footer(snapshot: Snapshot, width: int) -> Line:
+    if snapshot.closing:
+        return [(f" training {snapshot.reason} · press any key to close ", "bold reverse")]
+    if snapshot.prompt:
+        return [
+            (" stop the run? ", "bold reverse"),
+            ("  s", "bold"),
+            (" stop gracefully (finish the step, checkpoint, exit)   ", ""),
+            ("k", "bold"),
+            (" kill now   ", ""),
+            ("c", "bold"),
+            (" cancel", ""),
+        ]
+    if snapshot.reason is not None:
+        return [(f" training {snapshot.reason}", "bold")]
+    if snapshot.notice:
+        return [(f" {snapshot.notice} ", "bold yellow")]
+    return [
+        (" ◀ ▶", "bold"),
+        (" metric   ", ""),
+        ("▲ ▼", "bold"),
+        (" view   ", ""),
+        ("q", "bold"),
+        (" stop or kill", ""),
+    ]
 
 
 def select_metric(names: Sequence[str], current: str | None, step: int) -> str | None:

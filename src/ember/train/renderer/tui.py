@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
 from rich.segment import Segment
+from rich.style import Style
 
 from ember.train.logger.base import MetricRecord
 from ember.train.renderer.base import MetricView, Progress, RunInfo
@@ -95,6 +96,7 @@ class TuiRenderer:
         self._key_pressed = threading.Event()
         self._ended = threading.Event()
         self._frame = _Frame()
+        self._styles: dict[str, Style] = {}
         self._live: Live | None = None
         self._reader: KeyReader | None = None
         self._drawer: threading.Thread | None = None
@@ -344,10 +346,17 @@ class TuiRenderer:
         if self._info is None or self.console is None:
             return
         width, height = self._size()
-        renderable = dashboard(self._snapshot(), width, height)
-        options = self.console.options.update(width=width, height=height)
-        lines = self.console.render_lines(renderable, options, pad=True)
-        self._frame.lines = lines[:height]
+        styles = self._styles
+        frame = []
+        for line in dashboard(self._snapshot(), width, height):
+            segments = []
+            for text, style in line:
+                parsed = styles.get(style)
+                if parsed is None:
+                    parsed = styles[style] = Style.parse(style) if style else Style.null()
+                segments.append(Segment(text, parsed))
+            frame.append(segments)
+        self._frame.lines = frame
 
     def _draw_loop(self) -> None:
         interval = 1.0 / self.refresh_per_second

@@ -1,0 +1,94 @@
+"""A small training run driven by tests in a subprocess (kills, signals, resume).
+
+Usage: python train_blobs.py DIR [--epochs N] [--resume] [--workers N] [--accumulation N]
+       [--sleep SECONDS] [--ready FILE]
+Writes the final weights to DIR/final.mpk when training completes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ember_testing
+
+import ember  # noqa: E402
+from ember.data import DataLoaderBuilder  # noqa: E402
+from ember.optim import AdamConfig  # noqa: E402
+from ember.record import DefaultRecorder  # noqa: E402
+from ember.train import LearnerBuilder  # noqa: E402
+from ember.train.metric import AccuracyMetric, LossMetric  # noqa: E402
+from ember.train.renderer import PlainRenderer  # noqa: E402
+
+from ember_testing import BlobBatcher, BlobDataset, Classifier  # noqa: E402
+
+
+class Slow(Classifier):
+    def __init__(self, sleep: float, ready: str | None):
+        super().__init__()
+        self.sleep, self.ready = sleep, ready
+
+    def train_step(self, batch):
+        if self.ready:
+            Path(self.ready).touch()
+        time.sleep(self.sleep)
+        return super().train_step(batch)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dir")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--resume-or-start", action="store_true")
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--accumulation", type=int, default=1)
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--ready", default=None)
+    args = parser.parse_args()
+
+    ember.seed(9)
+    train = (
+        DataLoaderBuilder(BlobBatcher()).batch_size(16).shuffle(9).num_workers(args.workers)
+        .build(BlobDataset(320))
+    )
+    valid = DataLoaderBuilder(BlobBatcher()).batch_size(32).build(BlobDataset(64, seed=1))
+    builder = (
+        LearnerBuilder(args.dir)
+        .metric_train_numeric(AccuracyMetric())
+        .metric_train_numeric(LossMetric())
+        .metric_valid_numeric(LossMetric())
+        .with_file_checkpointer(DefaultRecorder())
+        .grads_accumulation(args.accumulation)
+        .num_epochs(args.epochs)
+        .renderer(PlainRenderer(interval=3600))
+    )
+    if args.resume:
+        builder = builder.checkpoint("latest")
+    elif args.resume_or_start:
+        from ember.record import DefaultRecorder as _Recorder
+        from ember.train.checkpoint import FileCheckpointer
+
+        if FileCheckpointer(Path(args.dir) / "checkpoint", _Recorder()).epochs():
+            builder = builder.checkpoint("latest")
+        else:
+            builder = LearnerBuilder(args.dir, overwrite=True)
+            builder = (
+                builder.metric_train_numeric(AccuracyMetric())
+                .metric_train_numeric(LossMetric())
+                .metric_valid_numeric(LossMetric())
+                .with_file_checkpointer(DefaultRecorder())
+                .grads_accumulation(args.accumulation)
+                .num_epochs(args.epochs)
+                .renderer(PlainRenderer(interval=3600))
+            )
+    learner = builder.build(Slow(args.sleep, args.ready), AdamConfig().init(), 1e-2)
+    model = learner.fit(train, valid)
+    if learner.outcome == "completed":
+        DefaultRecorder().save(model, Path(args.dir) / "final")
+
+
+if __name__ == "__main__":
+    main()

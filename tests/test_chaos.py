@@ -1,0 +1,89 @@
+"""SIGKILL at random moments: whatever is on disk stays readable, and resuming finishes
+the run with the same weights as a run never killed."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ember.record import DefaultRecorder, load
+from ember.train.logger import read_metric_log
+
+from ember_testing import Classifier
+
+SCRIPT = Path(__file__).parent / "scripts" / "train_blobs.py"
+
+
+def start(directory: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(directory), "--sleep", "0.004", *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def weights(directory: Path) -> dict[str, torch.Tensor]:
+    return DefaultRecorder().load(Classifier(), directory / "final").state_dict()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
+    directory = tmp_path_factory.mktemp("reference")
+    process = start(directory)
+    assert process.wait(timeout=120) == 0, process.stderr.read()
+    return weights(directory)
+
+
+def check_disk(directory: Path) -> int:
+    """Every checkpoint file loads; every metric log parses. Returns the files checked."""
+    checked = 0
+    for path in sorted((directory / "checkpoint").glob("*")) if (directory / "checkpoint").exists() else []:
+        if path.name.startswith("."):
+            continue  # a temp file of an interrupted write is never under a final name
+        load(None, path)
+        checked += 1
+    for log in directory.glob("*/epoch-*/*.log"):
+        for value, weight in read_metric_log(log):
+            assert weight > 0
+        checked += 1
+    return checked
+
+
+def kill_and_resume(directory: Path, delay: float) -> None:
+    process = start(directory)
+    time.sleep(delay)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    check_disk(directory)
+    resumed = start(directory, "--resume-or-start")
+    code = resumed.wait(timeout=120)
+    assert code == 0, resumed.stderr.read()
+
+
+def run_chaos(tmp_path: Path, reference, runs: int, seed: int) -> None:
+    rng = random.Random(seed)
+    for run in range(runs):
+        directory = tmp_path / f"run-{run}"
+        kill_and_resume(directory, rng.uniform(1.5, 4.5))
+        assert check_disk(directory) > 0
+        final = weights(directory)
+        for name, value in reference.items():
+            assert torch.equal(final[name], value), (run, name)
+        leftovers = [p.name for p in directory.rglob("*") if p.name.startswith(".") and p.is_file()]
+        assert leftovers == []
+
+
+def test_sigkill_at_random_moments_loses_nothing(tmp_path, reference):
+    run_chaos(tmp_path, reference, runs=5, seed=1)
+
+
+@pytest.mark.slow
+def test_sigkill_chaos_many_runs(tmp_path, reference):
+    run_chaos(tmp_path, reference, runs=20, seed=2)
