@@ -63,6 +63,7 @@ class Learner:
         self.epoch = 0
         self.iteration = 0
         self.items = 0
+        self._move = self.device.type != "cpu"  # batches from a DataLoader are on the CPU
         self.outcome: str | None = None
         """After `fit`: "completed", "stopped: <why>" or "stopped early: <why>"."""
 
@@ -140,7 +141,7 @@ class Learner:
 
     def _train_epoch(self, epoch: int, loader: Iterable[Any], start: Position) -> bool:
         """Train one epoch (from `start` when resuming mid-epoch); False if stopped."""
-        model, optim, guard = self.model, self.optim, self.guard
+        model, optim, guard, checkpointer = self.model, self.optim, self.guard, self.checkpointer
         model.train()
         total, skipped = set_epoch(loader, epoch, start.items)
         self.processor.start_split("train", epoch, total, start.iteration + 1)
@@ -155,7 +156,8 @@ class Learner:
                 iteration += 1
                 self.iteration = iteration
                 self.items += size
-                batch = to_device(batch, self.device)
+                if self._move:
+                    batch = to_device(batch, self.device)
                 with optim.autocast():
                     output = _call_step(model.train_step, batch, "train_step", epoch, iteration)
                 if iteration == start.iteration + 1:
@@ -172,6 +174,8 @@ class Learner:
                 log.warning("Skipped the optimizer step at epoch %d, iteration %d: non-finite loss.", epoch, iteration)
             if self.interrupter.should_stop():
                 break
+            if checkpointer is not None and checkpointer.failed:
+                self._save_checkpoint_failed_in_background()
         guard.flush()
         if iteration == start.iteration:
             raise TrainingError(f"The training data loader yielded no batch in epoch {epoch}.")
@@ -190,7 +194,8 @@ class Learner:
         try:
             with torch.inference_mode(), self.optim.autocast():
                 for iteration, batch in enumerate(loader, start=1):
-                    batch = to_device(batch, self.device)
+                    if self._move:
+                        batch = to_device(batch, self.device)
                     item = _call_step(model.valid_step, batch, "valid_step", epoch, iteration)
                     self.processor.update(item, iteration, _batch_size(batch), None)
                     if self.listeners:
@@ -234,6 +239,12 @@ class Learner:
             self.checkpointer.save(position.epoch, self.model, self.optimizer, state, self.history, saved)
             if not position.complete:
                 self.checkpointer.wait()
+        except Exception as error:
+            self._checkpoint_failed(error)
+
+    def _save_checkpoint_failed_in_background(self) -> None:
+        try:
+            self.checkpointer.wait()  # type: ignore[union-attr]
         except Exception as error:
             self._checkpoint_failed(error)
 
@@ -338,18 +349,21 @@ class Learner:
         log.info("%s", table)
 
     def _close(self, loggers: dict[str, list[Any]], reason: str) -> None:
-        try:
-            if self.checkpointer is not None:
-                try:
-                    self.checkpointer.wait()
-                except Exception as error:
-                    log.error("The last checkpoint could not be written: %s", error)
-        finally:
-            for split_loggers in loggers.values():
-                for logger in split_loggers:
-                    logger.close()
-            self._emit(End(self.epoch, reason))
-            self.renderer.end(reason)
+        """Release everything; an error here is logged, never allowed to hide the
+        error that ended the run."""
+        steps: list[tuple[str, Any]] = []
+        if self.checkpointer is not None:
+            steps.append(("the last checkpoint could not be written", self.checkpointer.wait))
+        for split_loggers in loggers.values():
+            for logger in split_loggers:
+                steps.append((f"closing {type(logger).__name__} failed", logger.close))
+        steps.append(("a listener failed at the end", lambda: self._emit(End(self.epoch, reason))))
+        steps.append(("the renderer failed at the end", lambda: self.renderer.end(reason)))
+        for what, step in steps:
+            try:
+                step()
+            except Exception as error:
+                log.error("%s: %s", what, error)
 
     def _emit(self, event: Any) -> None:
         for listener in self.listeners:

@@ -42,11 +42,12 @@ class Optimization:
         if mixed_precision == "fp16":
             self.scaler = torch.amp.GradScaler(device.type)
         self._dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision or "")
+        self._no_autocast = contextlib.nullcontext()
 
     def autocast(self) -> ContextManager[Any]:
         """The context the steps run in: autocast under mixed precision, else nothing."""
         if self._dtype is None:
-            return contextlib.nullcontext()
+            return self._no_autocast
         return torch.autocast(self.device.type, dtype=self._dtype)
 
     def begin_group(self) -> float:

@@ -107,6 +107,8 @@ class MetricsProcessor:
                     state.last = value.value
                     continue
                 number, weight = next(host), next(host)
+                if value.scale != 1.0:
+                    number *= value.scale
                 rows.append((number, weight))
                 records.append(MetricRecord(state.name, iteration, number, weight))
             state.pending.clear()

@@ -23,4 +23,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
+    """List the lazy names too, so completion and `dir()` show them."""
     return sorted(set(globals()) | set(__all__))

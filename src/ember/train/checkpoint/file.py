@@ -62,7 +62,11 @@ class FileCheckpointer:
         def job() -> None:
             self.directory.mkdir(parents=True, exist_ok=True)
             self.path("scheduler", epoch).unlink(missing_ok=True)  # incomplete until rewritten
-            written = [self.recorder.save(tree, self.path(part, epoch), kind=kind) for part, tree, kind in parts]
+            try:
+                written = [self.recorder.save(tree, self.path(part, epoch), kind=kind) for part, tree, kind in parts]
+            except BaseException:
+                self.delete(epoch)  # an incomplete set is useless: free its space
+                raise
             self._retain(history)
             if on_saved is not None:
                 on_saved(written)
@@ -71,6 +75,11 @@ class FileCheckpointer:
             job()
         else:
             self._writer.submit(job)
+
+    @property
+    def failed(self) -> bool:
+        """A background write failed; `wait()` raises its error."""
+        return self._writer is not None and self._writer.failed
 
     def wait(self) -> None:
         """Block until the pending write is on disk; raise its error if it failed."""

