@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv data demo test test-fast bench clean
+.PHONY: venv data demo test test-fast test-cuda bench clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,10 @@ test: venv data
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: venv data
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not cuda" $(PYTEST_ARGS)
+
+test-cuda: venv data
+	$(PY) -m pytest -m cuda $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache .hypothesis

@@ -488,10 +488,10 @@ def test_importing_datasets_pulls_in_nothing_heavy():
 
 @pytest.fixture(scope="module")
 def real_cache() -> Path:
-    """The real MNIST cache at the default location; skips the test where it was never fetched."""
+    """The real MNIST cache at the default location (`make test` fetches it first)."""
     cache = mnist.default_cache_dir()
     if not all((cache / name).is_file() for name in mnist.FILE_SHA256):
-        pytest.skip(f"no MNIST cache in {cache}; fetch it with `make data`")
+        pytest.fail(f"no MNIST cache in {cache}; fetch it with `make data` (make test does)")
     return cache
 
 

@@ -27,8 +27,9 @@ def _run_epoch(metric: Any, outputs: Sequence[Any], epoch: int) -> tuple[float, 
         values.append(metric.update(item, meta))
     if callable(getattr(metric, "epoch_value", None)):
         return _to_float(metric.epoch_value()), values
-    total = math.fsum(_to_float(v.weight) for v in values)
-    mean = math.fsum(_to_float(v.value) * _to_float(v.weight) for v in values) / total
+    rows = [v.resolve() for v in values]
+    total = math.fsum(weight for _, weight in rows)
+    mean = math.fsum(value * weight for value, weight in rows) / total
     return mean, values
 
 

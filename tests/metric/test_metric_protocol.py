@@ -154,7 +154,7 @@ def test_update_keeps_values_on_device(monkeypatch, metric, kind):
         assert isinstance(epoch, torch.Tensor) and epoch.dim() == 0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 @pytest.mark.parametrize("metric, kind", _device_metrics(), ids=_ids(_device_metrics()))
 def test_update_does_not_synchronize_cuda(metric, kind):
     output = _outputs("cuda")[kind]

@@ -72,7 +72,11 @@ def load_module(module: torch.nn.Module, state: Mapping[Any, Any], path: Path) -
                     f"the model has {tuple(want.shape)}"
                 )
                 continue
-            got = got.to(device=want.device, dtype=want.dtype)
+            try:
+                got = got.to(device=want.device, dtype=want.dtype)
+            except Exception as exc:
+                problems.append(f"key {key!r} cannot become {want.dtype} on {want.device}: {exc}")
+                continue
         converted[key] = got
     if problems:
         shown = problems[:MAX_REPORTED]
