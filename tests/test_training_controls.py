@@ -202,3 +202,62 @@ def test_skip_policy_drops_the_bad_step_and_goes_on(tmp_path, quiet, loaders):
 def test_bad_control_options_fail_at_once(tmp_path, call, message):
     with pytest.raises(ConfigError, match=message):
         call(LearnerBuilder(tmp_path))
+
+
+def lr_lines(directory) -> list[float]:
+    lines = (directory / "train" / "epoch-1" / "Learning_Rate.log").read_text().splitlines()
+    return [float(line.split(",")[0]) for line in lines]
+
+
+def test_an_ember_scheduler_is_stepped_once_per_optimizer_step(tmp_path, quiet, loaders):
+    from ember.lr import StepLrSchedulerConfig
+    from ember.train.metric import LearningRateMetric
+
+    model = Classifier()
+    (
+        LearnerBuilder(tmp_path)
+        .metric_train_numeric(LearningRateMetric())
+        .grads_accumulation(2)
+        .num_epochs(1)
+        .renderer(quiet)
+        .build(model, AdamConfig().init(), StepLrSchedulerConfig(initial_lr=0.1, step_size=2, gamma=0.5))
+        .fit(*loaders)
+    )
+    # 7 batches in groups of 2 -> 4 optimizer steps with rates 0.1, 0.1, 0.05, 0.05
+    assert lr_lines(tmp_path) == [0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05]
+
+
+def test_a_torch_scheduler_is_accepted_and_stepped_after_each_optimizer_step(tmp_path, quiet, loaders):
+    from ember.train.metric import LearningRateMetric
+
+    model = Classifier()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.5)
+    (
+        LearnerBuilder(tmp_path)
+        .metric_train_numeric(LearningRateMetric())
+        .num_epochs(1)
+        .renderer(quiet)
+        .build(model, optimizer, scheduler)
+        .fit(*loaders)
+    )
+    assert lr_lines(tmp_path) == [0.5**i for i in range(7)]
+
+
+def test_a_scheduler_state_of_another_type_is_refused_on_resume(tmp_path, quiet, loaders):
+    from ember.lr import CosineAnnealingLrSchedulerConfig, StepLrSchedulerConfig
+
+    def learner(lr, epochs, resume=False):
+        builder = (
+            LearnerBuilder(tmp_path)
+            .with_file_checkpointer(DefaultRecorder())
+            .num_epochs(epochs)
+            .renderer(quiet)
+        )
+        if resume:
+            builder = builder.checkpoint(1)
+        return builder.build(Classifier(), AdamConfig().init(), lr)
+
+    learner(StepLrSchedulerConfig(initial_lr=0.1, step_size=2), 1).fit(*loaders)
+    with pytest.raises(TrainingError, match=r"state of a StepLrScheduler learning-rate scheduler, but this run uses CosineAnnealingLrScheduler"):
+        learner(CosineAnnealingLrSchedulerConfig(initial_lr=0.1, num_iters=10), 2, resume=True).fit(*loaders)

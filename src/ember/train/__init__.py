@@ -1,6 +1,12 @@
 """Training: the LearnerBuilder, the Learner, step protocols and outputs."""
 
 from ember.train.builder import LearnerBuilder
+from ember.train.checkpoint import (
+    ComposedCheckpointingStrategy,
+    KeepLastNCheckpoints,
+    MetricCheckpointingStrategy,
+)
+from ember.train.early_stopping import MetricEarlyStoppingStrategy
 from ember.train.events import End, EndEpoch, Listener, ProcessedItem, Start
 from ember.train.interrupter import Interrupter
 from ember.train.learner import Learner
@@ -14,6 +20,10 @@ from ember.train.step import TrainOutput, TrainStep, ValidStep
 
 __all__ = [
     "ClassificationOutput",
+    "ComposedCheckpointingStrategy",
+    "KeepLastNCheckpoints",
+    "MetricCheckpointingStrategy",
+    "MetricEarlyStoppingStrategy",
     "End",
     "EndEpoch",
     "Interrupter",
