@@ -1,4 +1,4 @@
-"""The `ember` command: `ember summary DIR`, `ember --version`."""
+"""The `ember` command: `ember summary DIR`, `ember plot DIR [-o OUT]`, `ember --version`."""
 
 from __future__ import annotations
 
@@ -15,12 +15,25 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command")
     summary = commands.add_parser("summary", help="print the metric summary of a run")
     summary.add_argument("artifact_dir")
+    plot = commands.add_parser(
+        "plot", help="write PNG charts of a run's metrics (needs matplotlib: ember[plot])"
+    )
+    plot.add_argument("artifact_dir")
+    plot.add_argument(
+        "-o", "--output-dir", default=None, help="where to write the PNGs (default: ARTIFACT_DIR/plots)"
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "summary":
             from ember.train.summary import LearnerSummary
 
             print(LearnerSummary.from_dir(args.artifact_dir).table())
+            return 0
+        if args.command == "plot":
+            from ember.plot import plot_run
+
+            for path in plot_run(args.artifact_dir, args.output_dir):
+                print(path)
             return 0
     except EmberError as error:
         print(f"ember: {error}", file=sys.stderr)

@@ -1,8 +1,11 @@
-"""A seeded, epoch-aware, resumable sampler.
+"""A seeded, epoch-aware, resumable, shardable sampler.
 
 The order of epoch `e` depends only on `(seed, e)`: it is the same across runs and
 with or without worker processes. A run resumed mid-epoch asks the sampler to skip
 the samples already seen, which costs one permutation, not a pass over the data.
+Under several processes each one takes every `world`-th index of what is left
+(`shard`), so global step k covers the same samples as step k of one process with a
+`world` times larger batch.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
 
     `set_epoch(e)` chooses the epoch (1-based, as the Learner counts); without it,
     each new iteration moves to the next epoch. `skip(n)` drops the first `n`
-    indices of the next iteration only (mid-epoch resume).
+    indices of the epoch order for the next iteration only (mid-epoch resume), before
+    sharding. `shard(rank, world)` makes this process read its part.
     """
 
     def __init__(self, data_source: Sized, seed: int | None = None) -> None:
@@ -28,6 +32,8 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self._epoch_set = False
         self._started = False
         self._skip = 0
+        self.rank = 0
+        self.world = 1
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -35,6 +41,17 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
 
     def skip(self, num_samples: int) -> None:
         self._skip = max(0, int(num_samples))
+
+    def shard(self, rank: int, world: int) -> None:
+        """Read indices `rank`, `rank + world`, ... of the (remaining) epoch order."""
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is outside a world of {world} processes")
+        self.rank, self.world = int(rank), int(world)
+
+    def shard_lengths(self) -> list[int]:
+        """How many samples each process reads in the next iteration."""
+        remaining = max(0, len(self.data_source) - self._skip)
+        return [len(range(rank, remaining, self.world)) for rank in range(self.world)]
 
     def order(self, epoch: int) -> np.ndarray:
         """The full index order of `epoch`."""
@@ -50,7 +67,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self._started = True
         self._epoch_set = False
         start, self._skip = self._skip, 0
-        return iter(self.order(self.epoch)[start:].tolist())
+        return iter(self.order(self.epoch)[start:][self.rank :: self.world].tolist())
 
     def __len__(self) -> int:
-        return len(self.data_source)
+        return self.shard_lengths()[self.rank]

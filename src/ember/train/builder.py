@@ -13,6 +13,7 @@ from ember.errors import ConfigError, TrainingError
 from ember.lr.base import LrDriver
 from ember.lr.constant import ConstantLr
 from ember.train.checkpoint.file import FileCheckpointer
+from ember.train.distributed import from_environment, process_device
 from ember.train.checkpoint.strategy import (
     ComposedCheckpointingStrategy,
     KeepLastNCheckpoints,
@@ -47,6 +48,7 @@ class LearnerBuilder:
         self._recorder: Any = None
         self._num_epochs = 1
         self._devices: list[torch.device] | None = None
+        self._timeout = 300.0
         self._checkpoint: int | None = None
         self._interrupter = Interrupter()
         self._listeners: list[Any] = []
@@ -144,8 +146,13 @@ class LearnerBuilder:
         self._num_epochs = _positive_int(epochs, "num_epochs")
         return self
 
-    def devices(self, devices: Sequence[str | torch.device]) -> LearnerBuilder:
-        """The devices to train on, e.g. `["cpu"]` or `["cuda:0"]`."""
+    def devices(
+        self, devices: Sequence[str | torch.device], *, timeout: float = 300.0
+    ) -> LearnerBuilder:
+        """The devices to train on, e.g. `["cpu"]`, `["cuda:0"]`, or several
+        (`["cuda:0", "cuda:1"]`: one process per device on torch.distributed, started by
+        ember; under torchrun each process joins by itself). `timeout` bounds how long a
+        process waits for the others in a collective."""
         if isinstance(devices, (str, torch.device)):
             devices = [devices]
         if not devices:
@@ -154,12 +161,10 @@ class LearnerBuilder:
             parsed = [torch.device(device) for device in devices]
         except (RuntimeError, TypeError) as error:
             raise ConfigError(f"devices(): {error}") from None
-        if len(parsed) > 1:
-            raise ConfigError(
-                f"devices() got {len(parsed)} devices; this version trains on one device. "
-                "Pass a single device."
-            )
+        if not timeout > 0:
+            raise ConfigError(f"devices(timeout=...) must be > 0 seconds, got {timeout!r}.")
         self._devices = parsed
+        self._timeout = float(timeout)
         return self
 
     def with_file_checkpointer(
@@ -237,7 +242,11 @@ class LearnerBuilder:
         if not isinstance(model, torch.nn.Module):
             raise ConfigError(f"build() needs a torch.nn.Module, got {type(model).__name__}.")
         check_steps(model)
-        device = self._devices[0] if self._devices else _model_device(model)
+        placement = from_environment()
+        if self._devices is None and placement is None:
+            device = _model_device(model)
+        else:
+            device = process_device(self._devices, placement[2] if placement else 0)
         model.to(device)
         scheduler = _scheduler(lr)
         torch_optimizer = _bind_optimizer(optimizer, model, _initial_lr(scheduler))
@@ -262,6 +271,8 @@ class LearnerBuilder:
             model=model,
             optimization=optimization,
             device=device,
+            devices=self._devices,
+            distributed_timeout=self._timeout,
             artifact_dir=self._artifact_dir,
             overwrite=self._overwrite,
             num_epochs=self._num_epochs,

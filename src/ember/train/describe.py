@@ -18,7 +18,7 @@ def run_info(learner: Any, start_epoch: int) -> RunInfo:
         num_epochs=learner.num_epochs,
         model_name=type(learner.model).__name__,
         num_parameters=sum(p.numel() for p in learner.model.parameters()),
-        devices=(str(learner.device),),
+        devices=tuple(str(d) for d in learner.devices) if learner.dist is not None and learner.devices and len(learner.devices) > 1 else (str(learner.device),),
         metrics=tuple(
             (split, str(metric.name), str(getattr(metric, "unit", "")), numeric)
             for split, entries in learner.metrics.items()
@@ -42,6 +42,9 @@ def describe_run(learner: Any, info: RunInfo) -> str:
         extras.append(f"gradient norm clipped at {optim.clip_norm}")
     if optim.clip_value is not None:
         extras.append(f"gradient values clipped at {optim.clip_value}")
+    dist = learner.dist
+    if dist is not None:
+        extras.append(f"{dist.world} processes ({dist.backend}), rank 0 writes the artifacts")
     return (
         f"Training {info.model_name} ({info.num_parameters:,} parameters) on "
         f"{', '.join(info.devices)}: epochs {info.start_epoch} to {info.num_epochs}, optimizer "

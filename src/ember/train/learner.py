@@ -8,6 +8,7 @@ hands them.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from pathlib import Path
@@ -27,7 +28,8 @@ from ember.train.logger.file import FileMetricLogger
 from ember.train.optimization import Optimization
 from ember.train.processor import MetricsProcessor
 from ember.train.describe import describe, describe_run, run_info
-from ember.train.position import Position, resume_logs, set_epoch
+from ember.train.distributed import BatchPlan, Distributed, SilentRenderer, setup, wrap
+from ember.train.position import Position, find_sampler, resume_logs, set_epoch
 from ember.train.signals import signal_handlers
 from ember.train.run import RunLock, prepare_artifact_dir, remove_stale_temporaries
 from ember.train.step import TrainOutput
@@ -43,6 +45,10 @@ class Learner:
         self.optim: Optimization = options["optimization"]
         self.optimizer = self.optim.optimizer
         self.device: torch.device = options["device"]
+        self.devices: list[torch.device] | None = options["devices"]
+        self.distributed_timeout: float = options["distributed_timeout"]
+        self.dist: Distributed | None = None
+        self._ddp: Any = None
         self.artifact_dir: Path = options["artifact_dir"]
         self.overwrite: bool = options["overwrite"]
         self.num_epochs: int = options["num_epochs"]
@@ -63,6 +69,7 @@ class Learner:
         self.epoch = 0
         self.iteration = 0
         self.items = 0
+        self._resume_lines: dict[str, int] | None = None
         self._move = self.device.type != "cpu"  # batches from a DataLoader are on the CPU
         self.outcome: str | None = None
         """After `fit`: "completed", "stopped: <why>" or "stopped early: <why>"."""
@@ -74,27 +81,50 @@ class Learner:
         """Train for the configured epochs and return the trained model (with
         `restore_best=True`, the weights of the best epoch kept by the checkpointing
         strategy's metric)."""
-        prepare_artifact_dir(self.artifact_dir, None, overwrite=True, check_only=True)
-        lock = RunLock(self.artifact_dir)
-        lock.acquire()
+        self.dist = setup(self.devices, self.distributed_timeout)
+        main = self.dist is None or self.dist.main
+        lock = RunLock(self.artifact_dir) if main else None
+        failed = True
         try:
-            return self._fit_locked(train, valid, restore_best)
+            if lock is not None:
+                prepare_artifact_dir(self.artifact_dir, None, overwrite=True, check_only=True)
+                lock.acquire()
+            model = self._fit_locked(train, valid, restore_best)
+            failed = False
+            return model
+        except BaseException as error:
+            waits = isinstance(error, Exception) and self.dist is not None and bool(self.dist.children)
+            report = self.dist.failures(wait=5.0 if waits else 0.0) if self.dist is not None else ""
+            if report:
+                raise TrainingError(f"Training stopped because another rank failed. {report}") from error
+            raise
         finally:
-            lock.release()
+            if lock is not None:
+                lock.release()
+            if self.dist is not None:
+                self.dist.close(failed)
 
     def _fit_locked(self, train: Iterable[Any], valid: Iterable[Any] | None, restore_best: bool) -> torch.nn.Module:
+        dist = self.dist
+        main = dist is None or dist.main
         position = self._resume_position()
-        prepare_artifact_dir(self.artifact_dir, position.kept_epochs(), self.overwrite)
-        if self.checkpointer is not None:
-            remove_stale_temporaries(self.checkpointer.directory)
+        if main:
+            prepare_artifact_dir(self.artifact_dir, position.kept_epochs(), self.overwrite)
+            if self.checkpointer is not None:
+                remove_stale_temporaries(self.checkpointer.directory)
         app_log = FileApplicationLogger(self.artifact_dir / "experiment.log")
-        if self.application_log:
+        if self.application_log and main:
             app_log.install()
         loggers = {
-            split: [FileMetricLogger(self.artifact_dir / split), *extra]
+            split: [FileMetricLogger(self.artifact_dir / split), *extra] if main else []
             for split, extra in self.loggers.items()
         }
+        if not main:
+            self.renderer = SilentRenderer()
         self.processor = MetricsProcessor(self.metrics, loggers, self.renderer, self.num_epochs)
+        if dist is not None:
+            self._ddp = self._prepare_distributed(train, valid)
+            dist.barrier()  # rank 0 has prepared the artifact directory
         reason = "failed"
         try:
             with signal_handlers(self.interrupter):
@@ -110,7 +140,7 @@ class Learner:
             log.info("Training %s after epoch %d.", reason, self.epoch)
             if restore_best:
                 self._restore_best()
-            if self.summary:
+            if self.summary and (self.dist is None or self.dist.main):
                 self._print_summary()
         except BaseException as error:
             where = f"epoch {self.epoch}, iteration {self.iteration}"
@@ -130,8 +160,8 @@ class Learner:
             self.epoch = epoch
             skip = start if epoch == start.epoch else Position(epoch)
             if not self._train_epoch(epoch, train, skip):
-                self._save_checkpoint(Position(epoch, self.iteration, self.items, False))
-                return f"stopped: {self.interrupter.message}"
+                self._save_checkpoint(Position(epoch, self.iteration, self.items, False), self.processor.line_counts())
+                return f"stopped: {self.interrupter.message or 'stop requested on another rank'}"
             if valid is not None:
                 self._valid_epoch(epoch, valid)
             reason = self._end_epoch(epoch)
@@ -141,54 +171,65 @@ class Learner:
 
     def _train_epoch(self, epoch: int, loader: Iterable[Any], start: Position) -> bool:
         """Train one epoch (from `start` when resuming mid-epoch); False if stopped."""
-        model, optim, guard, checkpointer = self.model, self.optim, self.guard, self.checkpointer
+        model, optim, guard, checkpointer, dist = self.model, self.optim, self.guard, self.checkpointer, self.dist
         model.train()
-        total, skipped = set_epoch(loader, epoch, start.items)
+        shard = (dist.rank, dist.world) if dist is not None else None
+        total, skipped = set_epoch(loader, epoch, start.items, start.iteration, shard)
+        plan = _plan(loader) if dist is not None else None
         self.processor.start_split("train", epoch, total, start.iteration + 1)
-        resume_logs(self.processor, self.artifact_dir, epoch, start.iteration)
-        iteration, self.items = start.iteration, start.items
-        for group in _groups(loader, self.grads_accumulation, 0 if skipped else start.iteration):
-            lr = optim.begin_group()
-            sizes = [_batch_size(batch) for batch in group]
-            group_items = sum(sizes) or len(group)
-            finite = True
-            for batch, size in zip(group, sizes):
-                iteration += 1
-                self.iteration = iteration
-                self.items += size
-                if self._move:
-                    batch = to_device(batch, self.device)
-                with optim.autocast():
-                    output = _call_step(model.train_step, batch, "train_step", epoch, iteration)
-                if iteration == start.iteration + 1:
-                    self._check_output(output)
-                finite = guard.check(output.loss, epoch, iteration) and finite
-                optim.backward(output.loss, (size or 1) / group_items)
-                self.processor.update(output.item, iteration, size, lr)
-                if self.listeners:
-                    self._emit(ProcessedItem("train", epoch, iteration, total, output.item, lr))
-            if finite:
-                optim.step()
-            else:
-                optim.skip()
-                log.warning("Skipped the optimizer step at epoch %d, iteration %d: non-finite loss.", epoch, iteration)
-            if self.interrupter.should_stop():
-                break
-            if checkpointer is not None and checkpointer.failed:
-                self._save_checkpoint_failed_in_background()
+        if dist is None or dist.main:
+            resume_logs(self.processor, self.artifact_dir, epoch, start.iteration, self._resume_lines)
+        step = self._ddp if self._ddp is not None else model.train_step
+        world = dist.world if dist is not None else 1
+        iteration, self.items, stop = start.iteration, start.items, False
+        with _join(self._ddp):
+            for group in _groups(loader, self.grads_accumulation, 0 if skipped else start.iteration):
+                lr = optim.begin_group()
+                sizes = [_batch_size(batch) for batch in group]
+                first = iteration - start.iteration  # this run's index of the group's first batch
+                group_items = sum(sizes) or len(group) if plan is None else plan.global_items(first, len(group))
+                finite = True
+                for index, (batch, size) in enumerate(zip(group, sizes)):
+                    iteration += 1
+                    self.iteration = iteration
+                    self.items += size if plan is None else plan.global_items(first + index)
+                    if self._move:
+                        batch = to_device(batch, self.device)
+                    with _no_sync(self._ddp, index < len(group) - 1):
+                        with optim.autocast():
+                            output = _call_step(step, batch, "train_step", epoch, iteration)
+                        if iteration == start.iteration + 1:
+                            self._check_output(output)
+                        finite = guard.check(output.loss, epoch, iteration) and finite
+                        optim.backward(output.loss, (size or 1) * world / group_items)
+                    self.processor.update(output.item, iteration, size, lr)
+                    if self.listeners:
+                        self._emit(ProcessedItem("train", epoch, iteration, total, output.item, lr))
+                if finite:
+                    optim.step()
+                else:
+                    optim.skip()
+                    log.warning("Skipped the optimizer step at epoch %d, iteration %d: non-finite loss.", epoch, iteration)
+                stop = self.interrupter.should_stop()
+                if plan is not None:  # every rank stops at the same step, while all have batches
+                    stop = dist.any(stop) if first + self.grads_accumulation <= plan.min_batches else False
+                if stop:
+                    break
+                if checkpointer is not None and checkpointer.failed:
+                    self._save_checkpoint_failed_in_background()
         guard.flush()
         if iteration == start.iteration:
             raise TrainingError(f"The training data loader yielded no batch in epoch {epoch}.")
-        if self.interrupter.should_stop() and iteration != total:
-            self.processor.flush()  # the logs hold every finished iteration
+        if stop and iteration != total:
+            self.processor.sync(dist)  # the logs hold every finished iteration
             return False
-        self._aggregates = {"train": self.processor.end_split()}
+        self._aggregates = {"train": self.processor.end_split(dist)}
         return True
 
     def _valid_epoch(self, epoch: int, loader: Iterable[Any]) -> None:
         """Validate (eval mode, inference mode); a graceful stop waits for its end."""
-        model = self.model
-        total, _ = set_epoch(loader, epoch, 0)
+        model, dist = self.model, self.dist
+        total, _ = set_epoch(loader, epoch, 0, 0, (dist.rank, dist.world) if dist is not None else None)
         self.processor.start_split("valid", epoch, total)
         model.eval()
         try:
@@ -200,7 +241,7 @@ class Learner:
                     self.processor.update(item, iteration, _batch_size(batch), None)
                     if self.listeners:
                         self._emit(ProcessedItem("valid", epoch, iteration, total, item, None))
-                self._aggregates["valid"] = self.processor.end_split()
+                self._aggregates["valid"] = self.processor.end_split(dist)
         finally:
             model.train()
 
@@ -213,8 +254,11 @@ class Learner:
         self.history.append((epoch, self._aggregates))
         self._save_checkpoint(Position(epoch, self.iteration, self.items, True))
         self._emit(EndEpoch(epoch, self._aggregates))
-        if self.interrupter.should_stop():
-            return f"stopped: {self.interrupter.message}"
+        stop = self.interrupter.should_stop()
+        if self.dist is not None:
+            stop = self.dist.any(stop)
+        if stop:
+            return f"stopped: {self.interrupter.message or 'stop requested on another rank'}"
         if self.early_stopping is not None:
             reason = self.early_stopping.should_stop(self.history)
             if reason is not None:
@@ -223,13 +267,18 @@ class Learner:
         return None
 
     # Checkpoints ---------------------------------------------------------------
-    def _save_checkpoint(self, position: Position) -> None:
+    def _save_checkpoint(self, position: Position, lines: dict[str, int] | None = None) -> None:
         if self.checkpointer is None:
             return
-        state = {
-            **self.optim.state_dict(),
-            "learner": {**position.state(), "rng": capture_rng_state(), "history": self.history},
-        }
+        rng = capture_rng_state()
+        learner: dict[str, Any] = {**position.state(), "rng": rng, "history": self.history}
+        if lines is not None:
+            learner["log_lines"] = lines
+        if self.dist is not None:
+            learner["rng_ranks"] = self.dist.all_gather(rng)
+            if not self.dist.main:
+                return
+        state = {**self.optim.state_dict(), "learner": learner}
         what = f"epoch {position.epoch}" + ("" if position.complete else f", iteration {position.iteration}")
 
         def saved(paths: list[Path]) -> None:
@@ -287,7 +336,12 @@ class Learner:
         self.checkpointer.load(saved_epoch, "model", self.model)
         self.checkpointer.load(saved_epoch, "optim", self.optimizer)
         self.optim.load_state_dict(state)
-        restore_rng_state(state["learner"]["rng"])
+        ranks = state["learner"].get("rng_ranks")
+        if self.dist is not None and ranks is not None and len(ranks) == self.dist.world:
+            restore_rng_state(ranks[self.dist.rank])
+        else:
+            restore_rng_state(state["learner"]["rng"])
+        self._resume_lines = state["learner"].get("log_lines")
         self.history = [(int(e), a) for e, a in state["learner"].get("history", [])]
         where = f"epoch {saved_epoch}" + ("" if position.iteration == 0 else f", iteration {position.iteration}")
         log.info("Resumed from the checkpoint of %s.", where)
@@ -300,12 +354,36 @@ class Learner:
                 "(the default strategy keeps the best epoch by validation loss)."
             )
         self.checkpointer.wait()
+        if self.dist is not None:
+            self.dist.barrier()
         best = strategy.best_epoch(self.history)
         if best is not None:
             self.checkpointer.load(best, "model", self.model)
             log.info("Restored the weights of epoch %d, best %s %s.", best, strategy.split, strategy.name)
 
     # Helpers -------------------------------------------------------------------
+    def _prepare_distributed(self, train: Iterable[Any], valid: Iterable[Any] | None) -> Any:
+        """Check that the loaders can be sharded exactly; wrap the model in DDP."""
+        for name, loader in (("training", train), ("validation", valid)):
+            if loader is None:
+                continue
+            sampler = find_sampler(loader)
+            if sampler is None or not callable(getattr(sampler, "shard", None)):
+                raise TrainingError(
+                    f"Training on several processes needs the {name} data loader to be built "
+                    "with ember.data.DataLoaderBuilder: its sampler gives each process its "
+                    "exact share of every epoch (no sample dropped or counted twice)."
+                )
+        for split, entries in self.metrics.items():
+            for metric, _ in entries:
+                if callable(getattr(metric, "epoch_value", None)) and not callable(getattr(metric, "merge", None)):
+                    if not hasattr(metric, "torchmetric"):
+                        log.warning(
+                            "%s (%s) computes its epoch value from the whole epoch: under several "
+                            "processes it covers rank 0's share of the data only.", metric.name, split,
+                        )
+        return wrap(self.model, self.dist)  # type: ignore[arg-type]
+
     def _preflight_valid(self, loader: Iterable[Any]) -> None:
         """Run one validation batch before training, so that a valid_step or a validation
         metric that cannot work fails now, not after an epoch. RNGs are left untouched."""
@@ -381,6 +459,25 @@ def _groups(loader: Iterable[Any], size: int, drop: int) -> Iterator[list[Any]]:
         if not group:
             return
         yield group
+
+
+def _plan(loader: Any) -> BatchPlan:
+    sampler = find_sampler(loader)
+    return BatchPlan(sampler.shard_lengths(), int(loader.batch_size), bool(loader.drop_last))
+
+
+def _join(ddp: Any) -> Any:
+    """DDP's Join context: ranks with fewer batches keep answering the others' reductions."""
+    if ddp is None:
+        return contextlib.nullcontext()
+    from torch.distributed.algorithms.join import Join
+
+    return Join([ddp])
+
+
+def _no_sync(ddp: Any, accumulate: bool) -> Any:
+    """Skip DDP's gradient reduction on all but the last batch of a group."""
+    return ddp.no_sync() if ddp is not None and accumulate else contextlib.nullcontext()
 
 
 def _find_metric_strategy(strategy: Any) -> Any:

@@ -47,18 +47,30 @@ class Position:
         return self.epoch if self.iteration else self.epoch - 1
 
 
-def set_epoch(loader: Any, epoch: int, skip_items: int) -> tuple[int | None, bool]:
-    """Tell an epoch-aware sampler which epoch starts (and how many samples to skip).
-    Returns the number of batches and whether the sampler did the skipping."""
-    skipped = False
+def find_sampler(loader: Any) -> Any:
+    """The epoch-aware sampler of a loader (ours, or one with `set_epoch`), if any."""
     for owner in (loader, getattr(loader, "batch_sampler", None)):
         sampler = getattr(owner, "sampler", None)
         if callable(getattr(sampler, "set_epoch", None)):
-            sampler.set_epoch(epoch)
-            if skip_items and callable(getattr(sampler, "skip", None)):
-                sampler.skip(skip_items)
-                skipped = True
-            break
+            return sampler
+    return None
+
+
+def set_epoch(
+    loader: Any, epoch: int, skip_items: int, done: int = 0, shard: tuple[int, int] | None = None
+) -> tuple[int | None, bool]:
+    """Tell an epoch-aware sampler which epoch starts, how many samples to skip and
+    (several processes) which shard to read. Returns the epoch's number of batches
+    (`done` already seen included) and whether the sampler did the skipping."""
+    skipped = False
+    sampler = find_sampler(loader)
+    if sampler is not None:
+        sampler.set_epoch(epoch)
+        if skip_items and callable(getattr(sampler, "skip", None)):
+            sampler.skip(skip_items)
+            skipped = True
+        if shard is not None:
+            sampler.shard(*shard)
     if skip_items and not skipped:
         log.warning(
             "The data loader's sampler cannot skip samples: resuming by reading and dropping "
@@ -67,14 +79,16 @@ def set_epoch(loader: Any, epoch: int, skip_items: int) -> tuple[int | None, boo
     try:
         total = len(loader)  # type: ignore[arg-type]
     except TypeError:
-        total = None
-    return total, skipped
+        return None, skipped
+    return (total + done if skipped else total), skipped
 
 
-def resume_logs(processor: Any, artifact_dir: Path, epoch: int, iteration: int) -> None:
-    """Resuming mid-epoch: keep the first `iteration` lines of each training metric log
-    of `epoch` (later lines came after the checkpoint), load them into the metric
-    states, and drop that epoch's validation logs."""
+def resume_logs(
+    processor: Any, artifact_dir: Path, epoch: int, iteration: int, counts: dict[str, int] | None
+) -> None:
+    """Resuming mid-epoch: keep the lines each training metric log of `epoch` had at the
+    checkpoint (`counts`, else `iteration`; later lines came after it), load them into
+    the metric states, and drop that epoch's validation logs."""
     if iteration == 0:
         return
     shutil.rmtree(artifact_dir / "valid" / f"epoch-{epoch}", ignore_errors=True)
@@ -82,7 +96,8 @@ def resume_logs(processor: Any, artifact_dir: Path, epoch: int, iteration: int) 
         path = artifact_dir / "train" / f"epoch-{epoch}" / metric_file_name(state.name)
         if not path.exists():
             continue
-        lines = path.read_text(encoding="utf-8").split("\n")[:-1][:iteration]
+        keep = (counts or {}).get(state.name, iteration)
+        lines = path.read_text(encoding="utf-8").split("\n")[:-1][:keep]
         path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         rows = [(float(v), float(w)) for v, w in (line.split(",") for line in lines)]
         state.add_rows(rows)

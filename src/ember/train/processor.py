@@ -139,9 +139,47 @@ class MetricsProcessor:
             self.renderer.update(self.progress(), self.views(), records)
         self._next_tick = time.monotonic() + self.tick
 
-    def end_split(self) -> dict[str, float]:
-        """Finish the current split's epoch; return each metric's epoch value."""
+    def _gather(self, dist: Any, records: list[MetricRecord]) -> None:
+        """Several processes: rank 0 receives every other rank's rows of this split's
+        epoch, adds them to its states and to `records` (so the files hold every
+        sample's line and their weighted mean is the global epoch value)."""
+        states = self.states.get(self._split, ())
+        mine = {state.name: state.rows[state.shared :] for state in states}
+        everyone = dist.all_gather((self._items, mine))
+        for state in states:
+            state.shared = len(state.rows)
+        if not dist.main:
+            return
+        self._items = sum(items for items, _ in everyone)
+        for _, rows_of_rank in everyone[1:]:
+            for state in states:
+                rows = rows_of_rank.get(state.name, [])
+                state.add_rows(rows)
+                records.extend(
+                    MetricRecord(state.name, index, value, weight)
+                    for index, (value, weight) in enumerate(rows, start=1)
+                )
+                state.shared = len(state.rows)
+
+    def line_counts(self) -> dict[str, int]:
+        """Lines written so far this epoch per metric of the current split."""
+        return {state.name: len(state.rows) for state in self.states.get(self._split, ())}
+
+    def sync(self, dist: Any = None) -> None:
+        """Write everything computed so far (a run stopped mid-epoch)."""
         records = self._drain()
+        if dist is not None:
+            self._gather(dist, records)
+        if records:
+            for logger in self.loggers.get(self._split, ()):
+                logger.log(self._split, self._epoch, records)
+
+    def end_split(self, dist: Any = None) -> dict[str, float]:
+        """Finish the current split's epoch; return each metric's epoch value (under
+        several processes, rank 0's, which covers every rank's samples)."""
+        records = self._drain()
+        if dist is not None:
+            self._gather(dist, records)
         if records:
             for logger in self.loggers.get(self._split, ()):
                 logger.log(self._split, self._epoch, records)
@@ -150,6 +188,8 @@ class MetricsProcessor:
             value = state.epoch_value()
             if value is not None:
                 aggregates[state.name] = value
+        if dist is not None:
+            aggregates = dist.broadcast(aggregates)
         for logger in self.loggers.get(self._split, ()):
             logger.end_epoch(self._split, self._epoch, aggregates)
         if self.renderer is not None:

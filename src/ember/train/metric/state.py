@@ -25,11 +25,13 @@ class MetricState:
         self.last: float | str | None = None
         self._sum = 0.0
         self._weight = 0.0
+        self.shared = 0  # rows already exchanged between processes
 
     def clear(self) -> None:
         self.metric.clear()
         self.pending.clear()
         self.rows = []
+        self.shared = 0
         self.last = None
         self._sum = 0.0
         self._weight = 0.0

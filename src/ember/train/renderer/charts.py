@@ -201,6 +201,7 @@ def bar_chart(
     bar_w = max(1, min(6, (plot_w // max(len(groups), 1) - gap) // per_group))
     group_w = bar_w * per_group + gap
     shown = list(groups)[-max(1, plot_w // group_w) :]
+    values = [v for _, bars in shown for v, _ in bars if v is not None and math.isfinite(v)] or values
     low, high = min(values), max(values)
     base = 0.0 if low >= 0 else low
     if high <= base:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 import time
 from typing import IO, Sequence
@@ -10,12 +12,34 @@ from ember.train.logger.base import MetricRecord
 from ember.train.renderer.base import MetricView, Progress, RunInfo
 from ember.train.renderer.format import format_duration, format_number
 
+DEFAULT_INTERVAL = 10.0
+INTERVAL_ENV = "EMBER_PROGRESS_INTERVAL"
+
+
+def interval_from_env() -> float:
+    """Seconds between progress lines: `EMBER_PROGRESS_INTERVAL` if set, else 10."""
+    raw = os.environ.get(INTERVAL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_INTERVAL
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        from ember.errors import ConfigError
+
+        raise ConfigError(f"{INTERVAL_ENV} must be a number of seconds >= 0, got {raw!r}.")
+    return value
+
 
 class PlainRenderer:
-    """Prints a progress line at most every `interval` seconds and one line per split
-    per epoch. Plain text only, so it reads well in a log file."""
+    """Prints a progress line at most every `interval` seconds (default: the
+    `EMBER_PROGRESS_INTERVAL` environment variable, else 10) and one line per split per
+    epoch. Plain text only, so it reads well in a log file."""
 
-    def __init__(self, interval: float = 10.0, stream: IO[str] | None = None) -> None:
+    def __init__(self, interval: float | None = None, stream: IO[str] | None = None) -> None:
+        if interval is None:
+            interval = interval_from_env()
         if interval < 0:
             raise ValueError(f"interval must be >= 0 seconds, got {interval!r}")
         self.interval = float(interval)

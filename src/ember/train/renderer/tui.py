@@ -29,6 +29,7 @@ from ember.train.renderer.keys import KeyReader
 from ember.train.renderer.panels import VIEWS, Snapshot, dashboard, select_metric
 
 STOP_MESSAGE = "stopped from the dashboard"
+KILL_MESSAGE = "killed from the dashboard"
 
 
 class _Frame:
@@ -238,12 +239,17 @@ class TuiRenderer:
             self._notice = "stopping: finishing this step, then the epoch's checkpoint"
 
     def _kill_run(self) -> None:
+        """Give the terminal back, then interrupt the main thread with SIGINT."""
         with self._lock:
             self._notice = "killed from the dashboard"
         self._shutdown()
+        interrupter = self._info.interrupter if self._info is not None else None
+        if interrupter is not None:
+            # ember's SIGINT handler stops gracefully on a first Ctrl-C and raises
+            # KeyboardInterrupt once a stop is pending: make this SIGINT the second.
+            interrupter.stop(KILL_MESSAGE)
         os.kill(os.getpid(), signal.SIGINT)
-        # A SIGINT handler of the program may swallow the first one: insist once.
-        if not self._ended.wait(3.0):
+        if not self._ended.wait(5.0):
             os.kill(os.getpid(), signal.SIGINT)
 
     # Drawing --------------------------------------------------------------------
@@ -302,10 +308,16 @@ class TuiRenderer:
                 eta=eta,
                 recent=self.recent,
                 prompt=self._prompt,
-                notice=self._notice,
+                notice=self._notice or self._interrupted(),
                 reason=self._reason,
                 closing=self._closing,
             )
+
+    def _interrupted(self) -> str | None:
+        interrupter = self._info.interrupter if self._info is not None else None
+        if interrupter is not None and interrupter.should_stop():
+            return f"stopping: {interrupter.message}"
+        return None
 
     def _fraction(self) -> float | None:
         """The share of the run done: epochs done plus the current one, whose train and

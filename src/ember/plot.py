@@ -1,0 +1,197 @@
+"""`ember plot DIR`: PNG charts of a finished (or running) run, read from its metric logs.
+
+For every metric log name it writes `<Metric>-iterations.png` (every iteration across
+epochs, train and valid, smoothed when long) and `<Metric>-epochs.png` (train and
+valid epoch values). Needs matplotlib (`pip install ember[plot]`), imported only here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ember.errors import EmberError
+from ember.train.logger.file import read_metric_log, weighted_mean
+from ember.train.run import epoch_dirs
+
+SPLITS = ("train", "valid")
+COLOURS = {"train": "#1f77b4", "valid": "#ff7f0e"}
+SMOOTH_ABOVE = 60
+"""Curves with more points than this get a smoothed line over the faint raw one."""
+
+
+@dataclass
+class MetricLogs:
+    """One metric's values per split: per epoch, its (value, weight) rows."""
+
+    name: str
+    splits: dict[str, dict[int, list[tuple[float, float]]]] = field(default_factory=dict)
+
+    def iterations(self, split: str) -> tuple[list[int], list[float], list[int]]:
+        """Global iteration numbers (1-based, across epochs), values, and the iteration
+        at which each epoch after the first starts."""
+        xs: list[int] = []
+        ys: list[float] = []
+        starts: list[int] = []
+        count = 0
+        for epoch, rows in sorted(self.splits.get(split, {}).items()):
+            if count:
+                starts.append(count + 1)
+            for value, _ in rows:
+                count += 1
+                xs.append(count)
+                ys.append(value)
+        return xs, ys, starts
+
+    def epochs(self, split: str) -> tuple[list[int], list[float]]:
+        """Epoch numbers and epoch values (weighted means, as the summary computes them)."""
+        pairs = [
+            (epoch, weighted_mean(rows))
+            for epoch, rows in sorted(self.splits.get(split, {}).items())
+            if rows
+        ]
+        return [e for e, _ in pairs], [v for _, v in pairs]
+
+
+def read_run(artifact_dir: str | os.PathLike[str]) -> list[MetricLogs]:
+    """Every metric log of a run, grouped by metric name (the log file's stem)."""
+    root = Path(artifact_dir)
+    if not root.is_dir():
+        raise EmberError(f"{root}: no such artifact directory.")
+    metrics: dict[str, MetricLogs] = {}
+    for split in SPLITS:
+        for epoch, folder in sorted(epoch_dirs(root / split).items()):
+            for log in sorted(folder.glob("*.log")):
+                rows = read_metric_log(log)
+                logs = metrics.setdefault(log.stem, MetricLogs(log.stem))
+                logs.splits.setdefault(split, {})[epoch] = rows
+    found = [m for m in metrics.values() if any(rows for s in m.splits.values() for rows in s.values())]
+    if not found:
+        raise EmberError(
+            f"{root} holds no metric logs (expected train/epoch-N/<Metric>.log or "
+            "valid/epoch-N/<Metric>.log): is it an ember artifact directory?"
+        )
+    return sorted(found, key=lambda m: m.name.lower())
+
+
+def smooth(values: Sequence[float], window: int) -> list[float]:
+    """Centred moving average over `window` points (shorter at the ends); NaNs skipped."""
+    import numpy as np
+
+    data = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(data)
+    clean = np.where(finite, data, 0.0)
+    sums = np.concatenate(([0.0], np.cumsum(clean)))
+    counts = np.concatenate(([0], np.cumsum(finite)))
+    half = max(1, window) // 2
+    index = np.arange(data.size)
+    low = np.clip(index - half, 0, data.size)
+    high = np.clip(index + half + 1, 0, data.size)
+    n = counts[high] - counts[low]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = (sums[high] - sums[low]) / n
+    return np.where(n > 0, out, np.nan).tolist()
+
+
+def _matplotlib() -> Any:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise EmberError(
+            "ember plot needs matplotlib: pip install matplotlib (or pip install ember[plot])."
+        ) from None
+    return Figure, FigureCanvasAgg
+
+
+def _save(figure: Any, canvas: Any, path: Path) -> None:
+    canvas(figure)
+    figure.savefig(path, dpi=100)
+
+
+def plot_iterations(metric: MetricLogs, path: Path) -> Path:
+    """Per-iteration curves, one panel per split, epoch boundaries marked."""
+    Figure, Canvas = _matplotlib()
+    splits = [s for s in SPLITS if metric.splits.get(s)]
+    figure = Figure(figsize=(11, 3.2 * len(splits) + 0.8), layout="constrained")
+    axes = figure.subplots(len(splits), 1, squeeze=False)[:, 0]
+    for ax, split in zip(axes, splits):
+        xs, ys, starts = metric.iterations(split)
+        colour = COLOURS[split]
+        if len(xs) > SMOOTH_ABOVE:
+            ax.plot(xs, ys, color=colour, alpha=0.25, linewidth=0.8, label=f"{split} (raw)")
+            window = max(5, len(xs) // 50)
+            ax.plot(xs, smooth(ys, window), color=colour, linewidth=2.0,
+                    label=f"{split} (moving average of {window})")
+        else:
+            ax.plot(xs, ys, color=colour, linewidth=1.5, marker="." if len(xs) < 30 else None,
+                    label=split)
+        for start in starts:
+            ax.axvline(start - 0.5, color="grey", linewidth=0.8, linestyle=":", alpha=0.8)
+        epochs = sorted(metric.splits[split])
+        if len(epochs) > 1:
+            secondary = ax.secondary_xaxis("top")
+            bounds = [0.5] + [s - 0.5 for s in starts] + [len(xs) + 0.5]
+            centres = [(a + b) / 2 for a, b in zip(bounds, bounds[1:])]
+            step = max(1, math.ceil(len(epochs) / 20))
+            secondary.set_xticks(centres[::step], [str(e) for e in epochs][::step])
+            secondary.set_xlabel("epoch", fontsize=9)
+            secondary.tick_params(labelsize=8, length=0)
+        ax.set_xlim(0.5, max(len(xs), 1) + 0.5)
+        ax.set_ylabel(metric.name)
+        ax.set_xlabel(f"{split} iteration (counted across epochs)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="best", fontsize=9)
+    figure.suptitle(f"{metric.name} per iteration", fontsize=14, fontweight="bold")
+    _save(figure, Canvas, path)
+    return path
+
+
+def plot_epochs(metric: MetricLogs, path: Path) -> Path:
+    """Epoch values (weighted means of the iteration values), train against valid."""
+    Figure, Canvas = _matplotlib()
+    figure = Figure(figsize=(9, 5), layout="constrained")
+    ax = figure.subplots()
+    all_epochs: list[int] = []
+    for split in SPLITS:
+        epochs, values = metric.epochs(split)
+        if not epochs:
+            continue
+        all_epochs += epochs
+        label = f"{split} (epoch {epochs[-1]}: {values[-1]:.4g})"
+        ax.plot(epochs, values, color=COLOURS[split], marker="o", linewidth=2.0, label=label)
+    if all_epochs:
+        first, last = min(all_epochs), max(all_epochs)
+        step = max(1, math.ceil((last - first + 1) / 20))
+        ax.set_xticks(range(first, last + 1, step))
+        ax.set_xlim(first - 0.5, last + 0.5)
+    ax.set_title(f"{metric.name} per epoch (mean over the epoch's iterations)", fontsize=13,
+                 fontweight="bold")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(metric.name)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best")
+    _save(figure, Canvas, path)
+    return path
+
+
+def plot_run(
+    artifact_dir: str | os.PathLike[str], output_dir: str | os.PathLike[str] | None = None
+) -> list[Path]:
+    """Write the PNG charts of every metric of a run; return their paths. The default
+    output directory is `ARTIFACT_DIR/plots`."""
+    metrics = read_run(artifact_dir)
+    _matplotlib()
+    target = Path(output_dir) if output_dir is not None else Path(artifact_dir) / "plots"
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise EmberError(f"Cannot create the output directory {target}: {error}.") from None
+    written = []
+    for metric in metrics:
+        written.append(plot_iterations(metric, target / f"{metric.name}-iterations.png"))
+        written.append(plot_epochs(metric, target / f"{metric.name}-epochs.png"))
+    return written

@@ -1,0 +1,99 @@
+"""Several processes on torch.distributed (gloo on CPU): started by ember or by torchrun."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ember.record import DefaultRecorder
+from ember.train.summary import LearnerSummary
+
+SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
+
+
+def run(directory: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), str(directory), *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def epoch_values(directory: Path) -> dict[tuple[str, str], tuple[float, float]]:
+    return {(m.split, m.name): (m.minimum, m.maximum) for m in LearnerSummary.from_dir(directory).metrics}
+
+
+def final(directory: Path) -> dict[str, torch.Tensor]:
+    from torch import nn
+
+    return DefaultRecorder().load(None, directory / "final")
+
+
+def test_two_processes_at_batch_b_match_one_process_at_batch_2b(tmp_path):
+    one = run(tmp_path / "one", "--processes", "1", "--batch", "32")
+    two = run(tmp_path / "two", "--processes", "2", "--batch", "16")
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    for split in ("train", "valid"):
+        for epoch in (1, 2, 3):
+            for name in ("Loss", "Accuracy"):
+                lines = lambda d: [tuple(map(float, l.split(","))) for l in (d / split / f"epoch-{epoch}" / f"{name}.log").read_text().splitlines()]
+                a, b = lines(tmp_path / "one"), lines(tmp_path / "two")
+                assert sum(w for _, w in a) == sum(w for _, w in b) == (203 if split == "train" else 61)
+                mean = lambda rows: sum(v * w for v, w in rows) / sum(w for _, w in rows)
+                assert abs(mean(a) - mean(b)) <= 1e-5 * max(1.0, abs(mean(a))), (split, epoch, name)
+    for name, value in final(tmp_path / "one").items():
+        torch.testing.assert_close(final(tmp_path / "two")[name], value, rtol=1e-5, atol=1e-6)
+    log = (tmp_path / "two" / "experiment.log").read_text()
+    assert "2 processes (gloo), rank 0 writes the artifacts" in log
+    assert not (tmp_path / "two" / ".lock").exists()
+
+
+def test_resume_with_a_different_number_of_processes(tmp_path):
+    straight = run(tmp_path / "straight", "--processes", "1", "--batch", "32", "--epochs", "3")
+    assert straight.returncode == 0, straight.stderr
+    first = run(tmp_path / "resumed", "--processes", "2", "--batch", "16", "--epochs", "2")
+    assert first.returncode == 0, first.stderr
+    second = run(tmp_path / "resumed", "--processes", "1", "--batch", "32", "--epochs", "3", "--resume")
+    assert second.returncode == 0, second.stderr
+    for name, value in final(tmp_path / "straight").items():
+        torch.testing.assert_close(final(tmp_path / "resumed")[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_two_torchrun_nodes_write_one_artifact_directory(tmp_path):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+             "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
+             str(SCRIPT), str(tmp_path / "run"), "--processes", "1", "--batch", "16"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=240) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    files = sorted(str(p.relative_to(tmp_path / "run")) for p in (tmp_path / "run").rglob("*") if p.is_file())
+    assert files.count("experiment.log") == 1
+    assert "train/epoch-3/Loss.log" in files and "final.mpk" in files
+    assert "2 processes (gloo)" in (tmp_path / "run" / "experiment.log").read_text()
+    lines = (tmp_path / "run" / "train" / "epoch-1" / "Loss.log").read_text().splitlines()
+    assert sum(int(line.split(",")[1]) for line in lines) == 203  # both nodes' samples, once each
+
+
+def test_a_failing_rank_stops_the_run_with_its_traceback(tmp_path):
+    started = time.monotonic()
+    result = run(tmp_path / "run", "--processes", "2", "--fail-rank", "1", "--timeout", "30", timeout=120)
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0
+    assert "deliberate failure on rank 1" in result.stderr
+    assert "rank 1 exited with code 1" in result.stderr
+    assert elapsed < 60
+    log = (tmp_path / "run" / "experiment.log").read_text()
+    assert "[rank 1]" in log and "deliberate failure on rank 1" in log
