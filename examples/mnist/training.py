@@ -34,9 +34,10 @@ class TrainingConfig(Config):
 
 
 def train(artifact_dir: str, config: TrainingConfig, device: str, limit: int | None = None) -> None:
-    shutil.rmtree(artifact_dir, ignore_errors=True)  # a fresh run each time
-    Path(artifact_dir).mkdir(parents=True)
-    config.save(f"{artifact_dir}/config.json")
+    if ember.is_main_process():  # once, even when training on several devices
+        shutil.rmtree(artifact_dir, ignore_errors=True)  # a fresh run each time
+        Path(artifact_dir).mkdir(parents=True)
+        config.save(f"{artifact_dir}/config.json")
     ember.seed(config.seed)
 
     train_set, test_set = MnistDataset.train(), MnistDataset.test()
@@ -71,7 +72,8 @@ def train(artifact_dir: str, config: TrainingConfig, device: str, limit: int | N
         .build(config.model.init(), config.optimizer.init(), config.learning_rate)
     )
     model = learner.fit(loader_train, loader_test)
-    CompactRecorder().save(model, f"{artifact_dir}/model")
+    if ember.is_main_process():
+        CompactRecorder().save(model, f"{artifact_dir}/model")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,6 +3,7 @@
 from ember._version import __version__
 from ember.config import Config
 from ember.errors import ConfigError, DatasetError, EmberError, RecordError, TrainingError
+from ember.process import is_main_process
 from ember.seed import seed
 
 __all__ = [
@@ -13,5 +14,6 @@ __all__ = [
     "RecordError",
     "TrainingError",
     "__version__",
+    "is_main_process",
     "seed",
 ]
