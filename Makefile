@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv data demo test test-fast test-cuda bench clean
+.PHONY: venv data demo test test-fast test-cuda docs bench clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ test-fast: venv data
 
 test-cuda: venv data
 	$(PY) -m pytest -m cuda $(PYTEST_ARGS)
+
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache .hypothesis

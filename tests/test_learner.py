@@ -252,3 +252,33 @@ def test_summary_table_is_printed_logged_and_available_from_the_cli(tmp_path, lo
     assert capsys.readouterr().out == printed
     assert main(["summary", str(tmp_path / "nothing")]) == 2
     assert "no such artifact directory" in capsys.readouterr().err
+
+
+def test_summary_uses_the_epoch_value_of_whole_epoch_metrics(tmp_path, loaders, quiet):
+    from ember.cli import main
+    from ember.train.metric import MetricValue
+
+    class Whole:
+        """Per batch 1.0, but an epoch value of its own (like AUROC)."""
+
+        name, unit, input_type = "Whole Epoch", "", object
+
+        def update(self, item, meta):
+            return MetricValue(1.0, 1)
+
+        def epoch_value(self):
+            return 0.25
+
+        def clear(self):
+            pass
+
+    LearnerBuilder(tmp_path).metric_valid_numeric(Whole()).renderer(quiet).build(
+        Classifier(), AdamConfig().init(), 1e-2
+    ).fit(*loaders)
+    import io
+    from contextlib import redirect_stdout
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["summary", str(tmp_path)]) == 0
+    assert "| valid | Whole Epoch | 0.25" in out.getvalue()

@@ -1,4 +1,6 @@
-"""Regression on scikit-learn's diabetes data: `python examples/diabetes/training.py [--num-epochs 50 ...]`.
+"""Regression on scikit-learn's diabetes data.
+
+Run `python examples/diabetes/training.py [--num-epochs 50 --learning-rate 1e-3 ...]`.
 
 442 patients, 10 baseline measurements each (age, sex, BMI, blood pressure, six blood
 serum values); the target is a measure of disease progression one year later. A small
@@ -31,8 +33,7 @@ from ember.data import DataLoaderBuilder
 from ember.lr import CosineAnnealingLrSchedulerConfig
 from ember.optim import AdamWConfig
 from ember.record import DefaultRecorder
-from ember.train import LearnerBuilder, RegressionOutput, TrainOutput
-from ember.train.early_stopping import MetricEarlyStoppingStrategy
+from ember.train import LearnerBuilder, MetricEarlyStoppingStrategy, RegressionOutput, TrainOutput
 from ember.train.metric import (
     LearningRateMetric,
     LossMetric,
@@ -199,7 +200,9 @@ class TrainingConfig(Config):
     num_threads: int = 1  # a model this small runs fastest on one CPU thread
 
 
-def train(artifact_dir: str, config: TrainingConfig, device: str = "cpu") -> dict[str, float | int | str]:
+def train(
+    artifact_dir: str, config: TrainingConfig, device: str = "cpu"
+) -> dict[str, float | int | str]:
     started = time.perf_counter()
     Path(artifact_dir).mkdir(parents=True, exist_ok=True)
     config.save(f"{artifact_dir}/config.json")
@@ -213,7 +216,9 @@ def train(artifact_dir: str, config: TrainingConfig, device: str = "cpu") -> dic
         .shuffle(config.seed)
         .build(data.train)
     )
-    loader_valid = DataLoaderBuilder(DiabetesBatcher()).batch_size(config.batch_size).build(data.valid)
+    loader_valid = (
+        DataLoaderBuilder(DiabetesBatcher()).batch_size(config.batch_size).build(data.valid)
+    )
 
     steps = config.num_epochs * len(loader_train)
     schedule = CosineAnnealingLrSchedulerConfig(
@@ -229,8 +234,11 @@ def train(artifact_dir: str, config: TrainingConfig, device: str = "cpu") -> dic
         .metric_valid_numeric(RmseMetric(data.target_std))
         .metric_valid_numeric(MaeMetric(data.target_std))
         .metric_train(LearningRateMetric())
-        .with_file_checkpointer(DefaultRecorder())  # keeps the last 2 epochs and the best valid Loss
-        .early_stopping(MetricEarlyStoppingStrategy(LossMetric(), no_improvement_since=config.patience))
+        # Keeps the last 2 epochs and the best by valid Loss, which restore_best reloads.
+        .with_file_checkpointer(DefaultRecorder())
+        .early_stopping(
+            MetricEarlyStoppingStrategy(LossMetric(), no_improvement_since=config.patience)
+        )
         .devices([device])
         .num_epochs(config.num_epochs)
         .build(config.model.init(), config.optimizer.init(), schedule)
@@ -262,9 +270,11 @@ def train(artifact_dir: str, config: TrainingConfig, device: str = "cpu") -> dic
         "valid_samples": len(data.valid),
         "seconds": round(time.perf_counter() - started, 2),
     }
-    Path(f"{artifact_dir}/results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    text = json.dumps(results, indent=2) + "\n"
+    Path(f"{artifact_dir}/results.json").write_text(text, encoding="utf-8")
     print(
-        f"validation RMSE {results['valid_rmse']:.2f} (MSE {mse:.1f}, R² {results['valid_r2']:.3f}) "
+        f"validation RMSE {results['valid_rmse']:.2f} "
+        f"(MSE {mse:.1f}, R² {results['valid_r2']:.3f}) "
         f"vs {results['baseline_rmse']:.2f} for the mean predictor (MSE {baseline_mse:.1f}); "
         f"best epoch {best_epoch} of {results['epochs_run']}, {results['seconds']} s"
     )

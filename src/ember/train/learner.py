@@ -376,8 +376,8 @@ class Learner:
                 )
         for split, entries in self.metrics.items():
             for metric, _ in entries:
-                if callable(getattr(metric, "epoch_value", None)) and not callable(getattr(metric, "merge", None)):
-                    if not hasattr(metric, "torchmetric"):
+                if callable(getattr(metric, "epoch_value", None)) and not callable(getattr(metric, "merge_epoch_states", None)):
+                    if not getattr(metric, "syncs_itself", False):
                         log.warning(
                             "%s (%s) computes its epoch value from the whole epoch: under several "
                             "processes it covers rank 0's share of the data only.", metric.name, split,

@@ -161,6 +161,16 @@ class MetricsProcessor:
                 )
                 state.shared = len(state.rows)
 
+    def _merge_epoch_states(self, dist: Any) -> None:
+        """Metrics whose epoch value needs the whole epoch (AUROC, F-beta, ...) receive
+        the other processes' state on rank 0 before computing it."""
+        for state in self.states.get(self._split, ()):
+            metric = state.metric
+            if callable(getattr(metric, "epoch_state", None)) and callable(getattr(metric, "merge_epoch_states", None)):
+                everyone = dist.all_gather(metric.epoch_state())
+                if dist.main:
+                    metric.merge_epoch_states(everyone[1:])
+
     def line_counts(self) -> dict[str, int]:
         """Lines written so far this epoch per metric of the current split."""
         return {state.name: len(state.rows) for state in self.states.get(self._split, ())}
@@ -183,6 +193,8 @@ class MetricsProcessor:
         if records:
             for logger in self.loggers.get(self._split, ()):
                 logger.log(self._split, self._epoch, records)
+        if dist is not None:
+            self._merge_epoch_states(dist)
         aggregates: dict[str, float] = {}
         for state in self.states.get(self._split, ()):
             value = state.epoch_value()

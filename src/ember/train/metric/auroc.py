@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -98,6 +99,20 @@ class AurocMetric:
 
     def clear(self) -> None:
         self._scores, self._positive, self._valid = [], [], []
+
+    def epoch_state(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
+        """This process's scores (exchanged when training on several processes)."""
+        cpu = lambda items: [None if t is None else t.cpu() for t in items]  # noqa: E731
+        return cpu(self._scores), cpu(self._positive), cpu(self._valid)
+
+    def merge_epoch_states(self, states: list[Any]) -> None:
+        """Add other processes' scores, so `epoch_value` covers every sample."""
+        device = self._scores[0].device if self._scores else torch.device("cpu")
+        move = lambda items: [None if t is None else t.to(device) for t in items]  # noqa: E731
+        for scores, positive, valid in states:
+            self._scores += move(scores)
+            self._positive += move(positive)
+            self._valid += move(valid)
 
     def _columns(
         self, input: ScoresInput

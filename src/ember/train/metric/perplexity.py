@@ -57,3 +57,21 @@ class PerplexityMetric:
 
     def clear(self) -> None:
         self._nll = self._tokens = None
+
+    def epoch_state(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """This process's summed NLL and token count (exchanged across processes)."""
+        if self._nll is None or self._tokens is None:
+            return None
+        return self._nll.cpu(), self._tokens.cpu()
+
+    def merge_epoch_states(self, states: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
+        """Add other processes' sums, so `epoch_value` covers every token."""
+        for state in states:
+            if state is None:
+                continue
+            nll, tokens = state
+            if self._nll is None or self._tokens is None:
+                self._nll, self._tokens = nll, tokens
+            else:
+                self._nll = self._nll + nll.to(self._nll.device, self._nll.dtype)
+                self._tokens = self._tokens + tokens.to(self._tokens.device)

@@ -90,6 +90,24 @@ class _ConfusionMetric:
     def clear(self) -> None:
         self._total = None
 
+    def epoch_state(self) -> torch.Tensor | None:
+        """This process's summed counts (exchanged when training on several processes)."""
+        return None if self._total is None else self._total.cpu()
+
+    def merge_epoch_states(self, states: list[torch.Tensor | None]) -> None:
+        """Add other processes' counts, so `epoch_value` covers every sample."""
+        for counts in states:
+            if counts is None:
+                continue
+            if self._total is None:
+                self._total = counts
+            elif counts.shape == self._total.shape:
+                self._total = self._total + counts.to(self._total.device)
+            else:  # a class seen only elsewhere: pad the shorter count table
+                size = max(counts.shape[-1], self._total.shape[-1])
+                pad = lambda t: torch.nn.functional.pad(t, (0, size - t.shape[-1]))  # noqa: E731
+                self._total = pad(self._total) + pad(counts.to(self._total.device))
+
     # -- scoring ------------------------------------------------------------------
     def _ratio(
         self, tp: torch.Tensor, predicted: torch.Tensor, actual: torch.Tensor

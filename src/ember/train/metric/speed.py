@@ -42,3 +42,15 @@ class IterationSpeedMetric:
         self._start = time.perf_counter()
         self._items = 0
         self._rate = math.nan
+
+    def epoch_state(self) -> tuple[int, float]:
+        """Items seen and seconds taken by this process (exchanged across processes)."""
+        return self._items, time.perf_counter() - self._start
+
+    def merge_epoch_states(self, states: list[tuple[int, float]]) -> None:
+        """Every process's items over the slowest one's time: the run's throughput."""
+        items, elapsed = self.epoch_state()
+        for other_items, other_elapsed in states:
+            items += other_items
+            elapsed = max(elapsed, other_elapsed)
+        self._rate = items / elapsed if elapsed > 0 else math.nan

@@ -42,6 +42,7 @@ class TorchMetric:
         if input_type is LossInput:
             raise TrainingError("TorchMetric reads predictions and targets, not a LossInput.")
         self.metric = metric
+        self.syncs_itself = True  # torchmetrics reduces across processes in compute()
         self.name = name if name is not None else type(metric).__name__
         self.input_type = input_type
         if higher_is_better is None:

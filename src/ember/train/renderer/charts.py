@@ -96,24 +96,31 @@ def x_axis(
     return [(" " * LABEL_WIDTH + text, AXIS_STYLE)]
 
 
-def _runs(text: str, owners: np.ndarray, styles: Sequence[str]) -> Line:
-    """Split a row of cells into runs of one owner; unowned cells join the run before them
-    (a blank looks the same in any colour), so a row has few runs."""
-    marked = np.where(owners >= 0, np.arange(owners.size), -1)
-    np.maximum.accumulate(marked, out=marked)
-    filled = np.where(marked >= 0, owners[np.maximum(marked, 0)], -1)
-    cuts = np.flatnonzero(np.diff(filled)) + 1
-    line: Line = []
-    start = 0
-    for end in [*cuts.tolist(), len(text)]:
-        owner = int(filled[start])
-        line.append((text[start:end], styles[owner] if owner >= 0 else ""))
-        start = end
-    return line
-
-
-def _decode(codepoints: np.ndarray) -> str:
-    return codepoints.astype("<u4").tobytes().decode("utf-32-le")
+def _runs(codepoints: np.ndarray, owners: np.ndarray, styles: Sequence[str]) -> list[Line]:
+    """Rows of cells as runs of one owner's style. Unowned cells join the run before
+    them (a blank looks the same in any colour), so a row has few runs."""
+    height, width = codepoints.shape
+    marked = np.where(owners >= 0, np.arange(width)[None, :], -1)
+    np.maximum.accumulate(marked, axis=1, out=marked)
+    filled = np.where(marked >= 0, np.take_along_axis(owners, np.maximum(marked, 0), axis=1), -1)
+    text = codepoints.astype("<u4").tobytes().decode("utf-32-le")
+    cut_rows, cut_columns = np.nonzero(np.diff(filled, axis=1))
+    firsts = filled[:, 0].tolist()
+    cuts: list[list[int]] = [[] for _ in range(height)]
+    for row, column in zip(cut_rows.tolist(), cut_columns.tolist()):
+        cuts[row].append(column + 1)
+    lines: list[Line] = []
+    for row in range(height):
+        base = row * width
+        line: Line = []
+        start, owner = 0, firsts[row]
+        for end in [*cuts[row], width]:
+            line.append((text[base + start : base + end], styles[owner] if owner >= 0 else ""))
+            if end < width:
+                owner = int(filled[row, end])
+            start = end
+        lines.append(line)
+    return lines
 
 
 def line_chart(
@@ -173,10 +180,8 @@ def line_chart(
         owners[cell_y, cell_x] = index
     codepoints = np.where(bits > 0, bits + 0x2800, 0x20)
     labels = _labels(plot_h, low, high)
-    styles = [curve.style for curve in series]
-    lines: list[Line] = []
-    for r in range(plot_h):
-        lines.append([(labels[r], AXIS_STYLE), *_runs(_decode(codepoints[r]), owners[r], styles)])
+    rows = _runs(codepoints, owners, [curve.style for curve in series])
+    lines = [[(label, AXIS_STYLE), *row] for label, row in zip(labels, rows)]
     lines.append(x_axis(width, x_range, ticks, caption))
     return lines
 
@@ -221,10 +226,10 @@ def bar_chart(
             column += bar_w
         column += gap
     labels = _labels(plot_h, base, high)
-    lines: list[Line] = []
-    for r in range(plot_h):
-        fill = np.clip(levels - (plot_h - 1 - r) * 8, 0, 8)
-        lines.append([(labels[r], AXIS_STYLE), *_runs(_decode(_BLOCKS[fill]), owners, styles)])
+    floors = (plot_h - 1 - np.arange(plot_h))[:, None] * 8
+    fill = np.clip(levels[None, :] - floors, 0, 8)
+    rows = _runs(_BLOCKS[fill], np.broadcast_to(owners, fill.shape), styles)
+    lines = [[(label, AXIS_STYLE), *row] for label, row in zip(labels, rows)]
     axis = "".join(
         label[: group_w - 1].center(group_w - gap).ljust(group_w) for label, _ in shown
     )[:plot_w].ljust(plot_w)

@@ -20,21 +20,24 @@ class HistoryView:
     sums: tuple[float, ...]
     counts: tuple[int, ...]
     raw: tuple[int, ...]
-    epochs: tuple[tuple[int, int, int | None], ...]
+    epochs: tuple[tuple[int, int, int | None, int], ...]
+    """(epoch, index of its first value, its number of iterations if known, iterations
+    before its first value: > 0 when a run resumed mid-epoch)."""
     count: int
     recent: tuple[float, ...]
 
+    def _length(self, position: int) -> int:
+        _, start, total, skipped = self.epochs[position]
+        if position + 1 < len(self.epochs):
+            return self.epochs[position + 1][1] - start + skipped
+        return total if total else self.count - start + skipped
+
     def x_of(self, index: float) -> float:
         """The position of raw value `index` in epochs: epoch e spans (e - 1, e]."""
-        epochs = self.epochs
-        for position in range(len(epochs) - 1, -1, -1):
-            epoch, start, total = epochs[position]
+        for position in range(len(self.epochs) - 1, -1, -1):
+            epoch, start, _, skipped = self.epochs[position]
             if index >= start or position == 0:
-                if position + 1 < len(epochs):
-                    length = epochs[position + 1][1] - start
-                else:
-                    length = total if total else self.count - start
-                return epoch - 1 + (index - start + 1) / max(length, 1)
+                return epoch - 1 + (index - start + skipped + 1) / max(self._length(position), 1)
         return 0.0
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
@@ -45,14 +48,13 @@ class HistoryView:
         counts = np.asarray(self.counts, dtype=np.float64)
         raw = np.asarray(self.raw, dtype=np.float64)
         centres = np.arange(raw.size) * self.size + (raw - 1) / 2
-        numbers = np.array([epoch for epoch, _, _ in self.epochs], dtype=np.float64)
-        starts = np.array([start for _, start, _ in self.epochs], dtype=np.float64)
-        lengths = np.empty_like(starts)
-        lengths[:-1] = np.diff(starts)
-        _, last_start, expected = self.epochs[-1]
-        lengths[-1] = expected if expected else self.count - last_start
+        numbers = np.array([epoch for epoch, _, _, _ in self.epochs], dtype=np.float64)
+        starts = np.array([start for _, start, _, _ in self.epochs], dtype=np.float64)
+        skipped = np.array([before for _, _, _, before in self.epochs], dtype=np.float64)
+        lengths = np.array([self._length(i) for i in range(len(self.epochs))], dtype=np.float64)
         segment = np.clip(np.searchsorted(starts, centres, side="right") - 1, 0, None)
-        x = numbers[segment] - 1 + (centres - starts[segment] + 1) / np.maximum(lengths[segment], 1)
+        offset = centres - starts[segment] + skipped[segment] + 1
+        x = numbers[segment] - 1 + offset / np.maximum(lengths[segment], 1)
         keep = counts > 0
         return x[keep], sums[keep] / counts[keep]
 
@@ -76,16 +78,23 @@ class History:
         self.sums: list[float] = []
         self.counts: list[int] = []
         self.raw: list[int] = []
-        self.epochs: list[tuple[int, int, int | None]] = []
+        self.epochs: list[tuple[int, int, int | None, int]] = []
         self.count = 0
         self.recent: deque[float] = deque(maxlen=max(1, recent))
 
-    def extend(self, epoch: int, num_iterations: int | None, values: Sequence[float]) -> None:
-        """Append one tick's values of `epoch` (which has `num_iterations` if known)."""
+    def extend(
+        self,
+        epoch: int,
+        num_iterations: int | None,
+        values: Sequence[float],
+        first_iteration: int = 1,
+    ) -> None:
+        """Append one tick's values of `epoch` (which has `num_iterations` if known);
+        `first_iteration` is the iteration of the first value when it opens the epoch."""
         if not values:
             return
         if not self.epochs or self.epochs[-1][0] != epoch:
-            self.epochs.append((epoch, self.count, num_iterations))
+            self.epochs.append((epoch, self.count, num_iterations, max(0, first_iteration - 1)))
         self.recent.extend(values)
         index, total = 0, len(values)
         while index < total:

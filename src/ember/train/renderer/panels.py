@@ -99,8 +99,8 @@ def beside(left: Sequence[Line], right: Sequence[Line]) -> list[Line]:
 def dashboard(snapshot: Snapshot, width: int, height: int) -> list[Line]:
     """The whole dashboard: exactly `height` lines of `width` cells."""
     rows = _metric_rows(snapshot)
-    top = min(max(len(rows) + 3, 8), max(8, height // 3))
-    plot = max(6, height - 2 - top - PROGRESS_HEIGHT)
+    top = min(max(len(rows) + 3, 8), max(4, height // 3))
+    plot = max(5, height - 2 - top - PROGRESS_HEIGHT)
     status_w = min(STATUS_WIDTH, max(20, width // 3))
     lines = [header(snapshot, width)]
     lines += beside(

@@ -12,7 +12,8 @@ _OFF = ("", "0", "false", "no", "off")
 
 
 def wants_dashboard(stream: IO[str] | None = None, environ: Mapping[str, str] | None = None) -> bool:
-    """True when `stream` (default stdout) is a terminal, `CI` is not set and `TERM` is not `dumb`."""
+    """True when `stream` (default stdout) is a terminal that takes UTF-8, `CI` is not set
+    and `TERM` is not `dumb`."""
     stream = stream if stream is not None else sys.stdout
     environ = environ if environ is not None else os.environ
     try:
@@ -20,6 +21,9 @@ def wants_dashboard(stream: IO[str] | None = None, environ: Mapping[str, str] | 
     except (AttributeError, ValueError, OSError):
         terminal = False
     if not terminal:
+        return False
+    encoding = (getattr(stream, "encoding", None) or "utf-8").lower().replace("-", "")
+    if encoding != "utf8":  # the dashboard draws with box and braille characters
         return False
     if environ.get("CI", "").strip().lower() not in _OFF:
         return False

@@ -15,14 +15,17 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Sequence
 
-from rich.console import Console, ConsoleOptions, RenderResult
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
+from rich.live_render import LiveRender
 from rich.segment import Segment
 from rich.style import Style
 
 from ember.train.logger.base import MetricRecord
+from ember.train.logger.file import metric_file_name
 from ember.train.renderer.base import MetricView, Progress, RunInfo
 from ember.train.renderer.history import History
 from ember.train.renderer.keys import KeyReader
@@ -30,6 +33,35 @@ from ember.train.renderer.panels import VIEWS, Snapshot, dashboard, select_metri
 
 STOP_MESSAGE = "stopped from the dashboard"
 KILL_MESSAGE = "killed from the dashboard"
+TAIL_LIMIT = 100_000
+"""The most values read back from a log at a split's end (a few milliseconds at most)."""
+
+
+def _last_values(path: Path, count: int) -> list[float]:
+    """The values of the last `count` complete lines of a metric log (fewer if the file
+    is shorter; none if it cannot be read)."""
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            block = count * 48 + 256
+            while True:
+                start = max(0, size - block)
+                handle.seek(start)
+                lines = handle.read(size - start).split(b"\n")[:-1]
+                if start > 0:
+                    lines = lines[1:]  # the first one may be cut
+                if len(lines) >= count or start == 0:
+                    break
+                block *= 2
+    except OSError:
+        return []
+    values = []
+    for line in lines[-count:]:
+        try:
+            values.append(float(line.split(b",", 1)[0]))
+        except ValueError:
+            pass
+    return values
 
 
 class _Frame:
@@ -37,12 +69,32 @@ class _Frame:
 
     def __init__(self) -> None:
         self.lines: list[list[Segment]] = []
+        self.width = 0
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         new_line = Segment.line()
         for line in self.lines:
             yield from line
             yield new_line
+
+
+class _FrameRender(LiveRender):
+    """Live's renderer, emitting a ready `_Frame` without laying it out again."""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        frame = self.renderable
+        if isinstance(frame, Group) and len(frame.renderables) == 1:
+            frame = frame.renderables[0]
+        lines = frame.lines if isinstance(frame, _Frame) else None
+        if not lines or len(lines) > options.size.height or frame.width > options.max_width:
+            yield from super().__rich_console__(console, options)
+            return
+        self._shape = (frame.width, len(lines))
+        new_line = Segment.line()
+        yield from lines[0]
+        for line in lines[1:]:
+            yield new_line
+            yield from line
 
 
 class TuiRenderer:
@@ -90,6 +142,7 @@ class TuiRenderer:
         self._version = 0
         self._urgent = False
         self._durations: dict[str, float] = {}
+        self._seen: dict[tuple[str, str], tuple[int, int]] = {}
         self._started_at = 0.0
         self._ended_at: float | None = None
         self._wake = threading.Event()
@@ -132,10 +185,16 @@ class TuiRenderer:
             redirect_stderr=True,
             transient=False,
         )
+        if isinstance(getattr(self._live, "_live_render", None), LiveRender):
+            self._live._live_render = _FrameRender(self._frame, vertical_overflow="ellipsis")
         self._started = True
         atexit.register(self._restore)
-        self._draw()
-        self._live.start(refresh=True)
+        try:
+            self._draw()
+            self._live.start(refresh=True)
+        except BaseException:
+            self._shutdown()
+            raise
         self._redirect_logging(*before)
         if console.is_terminal and not console.is_dumb_terminal:
             if self.keys:
@@ -156,7 +215,13 @@ class TuiRenderer:
             self._version += 1
 
     def end_split(self, progress: Progress, metrics: Sequence[MetricView]) -> None:
+        tails = self._missing_tails(progress)
         with self._lock:
+            for name, values in tails.items():
+                self._history(progress.split, name).extend(
+                    progress.epoch, progress.num_iterations, values,
+                    progress.iteration - len(values) + 1,
+                )
             self._progress = progress
             self._views = tuple(metrics)
             self._durations[progress.split] = progress.elapsed
@@ -253,6 +318,16 @@ class TuiRenderer:
             os.kill(os.getpid(), signal.SIGINT)
 
     # Drawing --------------------------------------------------------------------
+    def _history(self, split: str, name: str) -> History:
+        history = self._histories.get((split, name))
+        if history is None:
+            history = self._histories[(split, name)] = History(recent=self.recent)
+            if name not in self._names:
+                self._names.append(name)
+                if self._selected is None:
+                    self._selected = name
+        return history
+
     def _append(self, progress: Progress, records: Sequence[MetricRecord]) -> None:
         """New iteration values, grouped into runs of one metric (the processor's order)."""
         split, epoch, total = progress.split, progress.epoch, progress.num_iterations
@@ -262,15 +337,31 @@ class TuiRenderer:
             end = start + 1
             while end < count and records[end].name == name:
                 end += 1
-            history = self._histories.get((split, name))
-            if history is None:
-                history = self._histories[(split, name)] = History(recent=self.recent)
-                if name not in self._names:
-                    self._names.append(name)
-                    if self._selected is None:
-                        self._selected = name
-            history.extend(epoch, total, [r.value for r in records[start:end]])
+            values = [r.value for r in records[start:end]]
+            self._history(split, name).extend(epoch, total, values, records[start].iteration)
+            self._seen[(split, name)] = (epoch, records[end - 1].iteration)
             start = end
+
+    def _missing_tails(self, progress: Progress) -> dict[str, list[float]]:
+        """The values of the split's last iterations that came after the last tick: the
+        loop hands them to the loggers only, so read them back from the metric logs
+        (a few lines at the end of each file)."""
+        info = self._info
+        if info is None or not progress.iteration:
+            return {}
+        names = {name for split, name, _, numeric in info.metrics if split == progress.split and numeric}
+        names.update(name for split, name in self._histories if split == progress.split)
+        tails = {}
+        for name in names:
+            epoch, last = self._seen.get((progress.split, name), (progress.epoch, 0))
+            missing = progress.iteration - (last if epoch == progress.epoch else 0)
+            if 0 < missing <= TAIL_LIMIT:
+                path = Path(info.artifact_dir) / progress.split / f"epoch-{progress.epoch}"
+                values = _last_values(path / metric_file_name(name), missing)
+                if values:
+                    tails[name] = values
+                    self._seen[(progress.split, name)] = (progress.epoch, progress.iteration)
+        return tails
 
     def _snapshot(self) -> Snapshot:
         with self._lock:
@@ -368,7 +459,7 @@ class TuiRenderer:
                     parsed = styles[style] = Style.parse(style) if style else Style.null()
                 segments.append(Segment(text, parsed))
             frame.append(segments)
-        self._frame.lines = frame
+        self._frame.lines, self._frame.width = frame, width
 
     def _draw_loop(self) -> None:
         interval = 1.0 / self.refresh_per_second
@@ -447,6 +538,8 @@ class TuiRenderer:
             try:
                 if self._live is not None:
                     self._live.stop()
+            except Exception:  # a terminal that fails to draw must still be given back
+                pass
             finally:
                 self._restore_logging()
                 if self._reader is not None:

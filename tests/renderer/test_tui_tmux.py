@@ -1,0 +1,107 @@
+"""The dashboard in a real terminal (tmux): what it shows, its keys, and a clean exit."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tmux_session import TMUX, TmuxRun, wait_for
+
+pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux is not installed")
+
+START = 40.0  # python + torch start-up on a busy machine
+
+
+def terminal_restored(stty: str) -> bool:
+    """`stty -a` says the line discipline is back to canonical mode with echo."""
+    words = set(re.split(r"[\s;]+", stty))
+    return {"icanon", "echo"} <= words and not {"-icanon", "-echo"} & words
+
+
+def test_dashboard_keys_and_graceful_stop(tmp_path):
+    artifacts = tmp_path / "run"
+    args = [str(artifacts), "--renderer", "default", "--epochs", "40", "--checkpoint"]
+    with TmuxRun(tmp_path, args) as run:
+        run.wait_screen("Loss · full history", timeout=START)
+        screen = run.wait_match(r"epoch ━+ +[\d.]+%  train \d+/40 ")[0]
+        screen = run.screen()
+        # All four panels, side by side where they fit.
+        assert "╭─ metrics" in screen and "╭─ status" in screen and "╭─ progress" in screen
+        assert re.search(r"total ━+ +[\d.]+%  epoch \d+/40 ", screen), screen
+        assert "▸ Loss" in screen and "Accuracy" in screen
+        assert "mode      train" in screen or "mode      valid" in screen
+        assert "◀ ▶ metric" in screen
+        history = run.scrollback()
+        assert "renderer TuiRenderer" in history  # default_renderer() on a terminal
+        # The user's print and logging show above the dashboard, which stays whole.
+        wait_for(lambda: "user print from train_step" in run.scrollback(), 10, "the user's print")
+        history = run.scrollback()
+        assert "WARNING user warning from train_step" in history
+        assert history.index("user print from train_step") < history.rindex("╭─ metrics")
+        assert run.screen().count("╭─ progress") == 1
+
+        run.keys("Right")
+        run.wait_screen("Accuracy (%) · full history")
+        run.keys("Down")
+        run.wait_screen("Accuracy (%) · last 300 iterations")
+        run.keys("Down")
+        screen = run.wait_screen("Accuracy (%) · per epoch")
+        run.keys("Up")
+        run.wait_screen("Accuracy (%) · last 300 iterations")
+        run.keys("Left")
+        screen = run.wait_screen("Loss · last 300 iterations")
+        assert "▸ Loss" in screen
+
+        run.keys("q")
+        run.wait_screen("stop the run?")
+        run.keys("c")
+        wait_for(lambda: "stop the run?" not in run.screen(), 5, "the prompt to close", run.screen)
+        assert run.rc_file.exists() is False  # cancel keeps training
+
+        run.keys("q")
+        run.wait_screen("stop the run?")
+        run.keys("s")
+        assert run.wait_exit() == 0
+        screen = run.screen()
+        assert "training stopped: stopped from the dashboard" in run.scrollback()
+        assert run.cursor_visible()
+        assert terminal_restored(run.stty_file.read_text())
+    log = (artifacts / "experiment.log").read_text()
+    assert "stopped: stopped from the dashboard" in log
+    epoch = int(re.findall(r"Checkpoint of epoch (\d+)\b", log)[-1])
+    assert epoch < 40
+    assert (artifacts / "checkpoint" / f"model-{epoch}.mpk.gz").exists()
+    assert (artifacts / "train" / f"epoch-{epoch}" / "Loss.log").exists()
+    assert not (artifacts / "train" / f"epoch-{epoch + 1}").exists()
+
+
+def test_kill_restores_the_terminal(tmp_path):
+    args = [str(tmp_path / "run"), "--renderer", "tui", "--epochs", "40"]
+    with TmuxRun(tmp_path, args) as run:
+        run.wait_screen("Loss · full history", timeout=START)
+        assert not run.cursor_visible()  # hidden while the dashboard draws
+        run.keys("q")
+        run.wait_screen("stop the run?")
+        run.keys("k")
+        code = run.wait_exit()
+        assert code != 0
+        assert "KeyboardInterrupt" in run.scrollback()
+        assert run.cursor_visible()
+        assert terminal_restored(run.stty_file.read_text())
+    log = (tmp_path / "run" / "experiment.log").read_text()
+    assert "interrupted" in log
+
+
+def test_persistent_dashboard_waits_for_a_key(tmp_path):
+    args = [str(tmp_path / "run"), "--renderer", "tui", "--epochs", "2", "--batches", "10",
+            "--sleep", "0.01", "--persistent"]
+    with TmuxRun(tmp_path, args) as run:
+        screen = run.wait_screen("press any key to close", timeout=START)
+        assert "training completed" in screen
+        assert "100.0%" in screen
+        assert not run.rc_file.exists()
+        run.keys("x")
+        assert run.wait_exit(timeout=10) == 0
+        assert "training script finished" in run.scrollback()
+        assert terminal_restored(run.stty_file.read_text())
