@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 
 import pytest
-
 from ember_testing import BlobBatcher, BlobDataset
 
 

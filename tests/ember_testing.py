@@ -37,7 +37,8 @@ class BlobDataset(torch.utils.data.Dataset):
 class BlobBatcher:
     def batch(self, items: Sequence) -> Batch:
         return Batch(
-            torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items], dtype=torch.long)
+            torch.stack([x for x, _ in items]),
+            torch.tensor([y for _, y in items], dtype=torch.long),
         )
 
 

@@ -3,7 +3,6 @@ the run with the same weights as a run never killed."""
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -13,11 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from ember_testing import Classifier
 
 from ember.record import DefaultRecorder, load
 from ember.train.logger import read_metric_log
-
-from ember_testing import Classifier
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_blobs.py"
 
@@ -25,7 +23,9 @@ SCRIPT = Path(__file__).parent / "scripts" / "train_blobs.py"
 def start(directory: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(SCRIPT), str(directory), "--sleep", "0.004", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -44,13 +44,15 @@ def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
 def check_disk(directory: Path) -> int:
     """Every checkpoint file loads; every metric log parses. Returns the files checked."""
     checked = 0
-    for path in sorted((directory / "checkpoint").glob("*")) if (directory / "checkpoint").exists() else []:
+    for path in (
+        sorted((directory / "checkpoint").glob("*")) if (directory / "checkpoint").exists() else []
+    ):
         if path.name.startswith("."):
             continue  # a temp file of an interrupted write is never under a final name
         load(None, path)
         checked += 1
     for log in directory.glob("*/epoch-*/*.log"):
-        for value, weight in read_metric_log(log):
+        for _value, weight in read_metric_log(log):
             assert weight > 0
         checked += 1
     return checked

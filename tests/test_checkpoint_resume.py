@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ember_testing import Classifier
 
 import ember
 from ember.errors import ConfigError, TrainingError
@@ -11,8 +12,6 @@ from ember.optim import AdamConfig
 from ember.record import CompactRecorder, DefaultRecorder
 from ember.train import LearnerBuilder
 from ember.train.metric import AccuracyMetric, LossMetric
-
-from ember_testing import Classifier
 
 
 def builder(directory, quiet, epochs, recorder=None):
@@ -27,20 +26,30 @@ def builder(directory, quiet, epochs, recorder=None):
 
 
 def test_each_epoch_writes_model_optim_and_scheduler(tmp_path, loaders, quiet):
-    builder(tmp_path, quiet, 2, CompactRecorder()).build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
+    builder(tmp_path, quiet, 2, CompactRecorder()).build(
+        Classifier(), AdamConfig().init(), 1e-2
+    ).fit(*loaders)
     names = sorted(p.name for p in (tmp_path / "checkpoint").iterdir())
     assert names == [
-        "model-1.mpk.gz", "model-2.mpk.gz", "optim-1.mpk.gz", "optim-2.mpk.gz",
-        "scheduler-1.mpk.gz", "scheduler-2.mpk.gz",
+        "model-1.mpk.gz",
+        "model-2.mpk.gz",
+        "optim-1.mpk.gz",
+        "optim-2.mpk.gz",
+        "scheduler-1.mpk.gz",
+        "scheduler-2.mpk.gz",
     ]
     log = (tmp_path / "experiment.log").read_text()
-    assert "Checkpoint of epoch 2 written: model-2.mpk.gz, optim-2.mpk.gz, scheduler-2.mpk.gz" in log
+    assert (
+        "Checkpoint of epoch 2 written: model-2.mpk.gz, optim-2.mpk.gz, scheduler-2.mpk.gz" in log
+    )
 
 
-def test_resume_from_checkpoint_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, blobs, quiet):
-    from ember.data import DataLoaderBuilder
-
+def test_resume_from_checkpoint_gives_the_same_weights_as_an_uninterrupted_run(
+    tmp_path, blobs, quiet
+):
     from ember_testing import BlobBatcher
+
+    from ember.data import DataLoaderBuilder
 
     def loaders():
         return (
@@ -49,13 +58,20 @@ def test_resume_from_checkpoint_gives_the_same_weights_as_an_uninterrupted_run(t
         )
 
     ember.seed(5)
-    straight = builder(tmp_path / "a", quiet, 3).build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders())
+    straight = (
+        builder(tmp_path / "a", quiet, 3)
+        .build(Classifier(), AdamConfig().init(), 1e-2)
+        .fit(*loaders())
+    )
 
     ember.seed(5)
     builder(tmp_path / "b", quiet, 2).build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders())
     ember.seed(123)  # a new process would start from anything: the checkpoint restores the RNGs
     resumed = (
-        builder(tmp_path / "b", quiet, 3).checkpoint(2).build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders())
+        builder(tmp_path / "b", quiet, 3)
+        .checkpoint(2)
+        .build(Classifier(), AdamConfig().init(), 1e-2)
+        .fit(*loaders())
     )
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), name
@@ -65,14 +81,15 @@ def test_resume_from_checkpoint_gives_the_same_weights_as_an_uninterrupted_run(t
             assert (tmp_path / "a" / split / f"epoch-{epoch}" / name).read_text() == (
                 tmp_path / "b" / split / f"epoch-{epoch}" / name
             ).read_text()
-    assert "Resumed from the checkpoint of epoch 2" in (tmp_path / "b" / "experiment.log").read_text()
+    assert (
+        "Resumed from the checkpoint of epoch 2" in (tmp_path / "b" / "experiment.log").read_text()
+    )
 
 
 def test_a_missing_checkpoint_names_the_epochs_that_exist(tmp_path, loaders, quiet):
     builder(tmp_path, quiet, 2).build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
     with pytest.raises(ConfigError, match=r"no checkpoint of epoch 7 .*\(epochs saved: 1, 2\)"):
         builder(tmp_path, quiet, 9).checkpoint(7).build(Classifier(), AdamConfig().init(), 1e-2)
-
 
 
 class ScriptedLoss:
@@ -101,11 +118,15 @@ def scripted_builder(directory, quiet, epochs):
 
 
 def saved_epochs(directory) -> list[int]:
-    return sorted({int(p.name.split("-")[1].split(".")[0]) for p in (directory / "checkpoint").iterdir()})
+    return sorted(
+        {int(p.name.split("-")[1].split(".")[0]) for p in (directory / "checkpoint").iterdir()}
+    )
 
 
 def test_default_retention_keeps_the_last_two_and_the_best_by_valid_loss(tmp_path, loaders, quiet):
-    scripted_builder(tmp_path, quiet, 5).build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
+    scripted_builder(tmp_path, quiet, 5).build(Classifier(), AdamConfig().init(), 1e-2).fit(
+        *loaders
+    )
     assert saved_epochs(tmp_path) == [2, 4, 5]
     assert len(list((tmp_path / "checkpoint").iterdir())) == 9  # three parts each
     assert "Checkpoint of epoch 3 deleted (retention)." in (tmp_path / "experiment.log").read_text()
@@ -114,7 +135,9 @@ def test_default_retention_keeps_the_last_two_and_the_best_by_valid_loss(tmp_pat
 def test_keep_last_n_strategy(tmp_path, loaders, quiet):
     from ember.train.checkpoint import KeepLastNCheckpoints
 
-    builder = scripted_builder(tmp_path, quiet, 4).with_checkpointing_strategy(KeepLastNCheckpoints(1))
+    builder = scripted_builder(tmp_path, quiet, 4).with_checkpointing_strategy(
+        KeepLastNCheckpoints(1)
+    )
     builder.build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
     assert saved_epochs(tmp_path) == [4]
 
@@ -140,10 +163,15 @@ def test_restore_best_hands_back_the_best_epoch_weights(tmp_path, loaders, quiet
     best = DefaultRecorder().load(Classifier(), tmp_path / "checkpoint" / "model-2").state_dict()
     for name, value in model.state_dict().items():
         assert torch.equal(value, best[name]), name
-    assert "Restored the weights of epoch 2, best valid Loss" in (tmp_path / "experiment.log").read_text()
+    assert (
+        "Restored the weights of epoch 2, best valid Loss"
+        in (tmp_path / "experiment.log").read_text()
+    )
 
 
-def test_a_failed_checkpoint_write_stops_the_run_and_keeps_the_previous_one(tmp_path, loaders, quiet, monkeypatch):
+def test_a_failed_checkpoint_write_stops_the_run_and_keeps_the_previous_one(
+    tmp_path, loaders, quiet, monkeypatch
+):
     builder = scripted_builder(tmp_path, quiet, 4)
     learner = builder.build(Classifier(), AdamConfig().init(), 1e-2)
     calls = {"n": 0}
@@ -156,7 +184,10 @@ def test_a_failed_checkpoint_write_stops_the_run_and_keeps_the_previous_one(tmp_
         return original(self, item, path, **kwargs)
 
     monkeypatch.setattr(DefaultRecorder, "save", failing_save)
-    with pytest.raises(TrainingError, match=r"Writing a checkpoint failed \(OSError: \[Errno 28\] No space left on device\); the last complete checkpoint is epoch 1"):
+    with pytest.raises(
+        TrainingError,
+        match=r"Writing a checkpoint failed \(OSError: \[Errno 28\] No space left on device\); the last complete checkpoint is epoch 1",
+    ):
         learner.fit(*loaders)
     assert saved_epochs(tmp_path) == [1]
     DefaultRecorder().load(Classifier(), tmp_path / "checkpoint" / "model-1")  # whole and loadable
@@ -179,4 +210,6 @@ def test_on_checkpoint_error_warn_goes_on(tmp_path, loaders, quiet, monkeypatch)
     monkeypatch.setattr(DefaultRecorder, "save", failing_save)
     learner.fit(*loaders)
     assert learner.outcome == "completed"
-    assert "Training goes on (on_checkpoint_error='warn')" in (tmp_path / "experiment.log").read_text()
+    assert (
+        "Training goes on (on_checkpoint_error='warn')" in (tmp_path / "experiment.log").read_text()
+    )

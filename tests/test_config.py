@@ -31,7 +31,7 @@ def test_save_writes_pretty_json_and_load_reads_it_back(tmp_path):
     config = make()
     path = config.save(tmp_path / "config.json")
     text = path.read_text()
-    assert text.startswith("{\n  \"model\": {\n    \"num_classes\": 10,")
+    assert text.startswith('{\n  "model": {\n    "num_classes": 10,')
     assert json.loads(text)["optimizer"]["beta_1"] == 0.9
     assert TrainingConfig.load(path) == config
     assert str(config) == text.rstrip("\n")
@@ -85,7 +85,9 @@ def test_not_json_and_missing_file(tmp_path):
 
 
 def test_command_line_overrides():
-    config = make().with_args(["--num-epochs", "2", "--learning-rate=3e-4", "--model.hidden-size", "64"])
+    config = make().with_args(
+        ["--num-epochs", "2", "--learning-rate=3e-4", "--model.hidden-size", "64"]
+    )
     assert (config.num_epochs, config.learning_rate, config.model.hidden_size) == (2, 3e-4, 64)
     with pytest.raises(ConfigError, match=r"unknown field 'num_epoch'.*Did you mean 'num_epochs'"):
         make().with_args(["--num-epoch", "2"])

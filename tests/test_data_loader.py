@@ -30,7 +30,13 @@ def order(loader) -> list[int]:
 
 
 def build(seed=5, workers=0, n=50):
-    return DataLoaderBuilder(ListBatcher()).batch_size(8).shuffle(seed).num_workers(workers).build(Numbers(n))
+    return (
+        DataLoaderBuilder(ListBatcher())
+        .batch_size(8)
+        .shuffle(seed)
+        .num_workers(workers)
+        .build(Numbers(n))
+    )
 
 
 def test_order_depends_only_on_seed_and_epoch():

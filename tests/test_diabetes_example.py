@@ -34,9 +34,20 @@ def test_a_short_run_writes_its_artifacts_and_beats_the_mean_predictor(tmp_path)
     paths = [str(ROOT / "src"), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--artifact-dir", str(directory),
-         "--num-epochs", "8", "--patience", "3"],
-        capture_output=True, text=True, timeout=300, env=env,
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--artifact-dir",
+            str(directory),
+            "--num-epochs",
+            "8",
+            "--patience",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "for the mean predictor" in done.stdout
@@ -51,8 +62,14 @@ def test_a_short_run_writes_its_artifacts_and_beats_the_mean_predictor(tmp_path)
     log = (directory / "experiment.log").read_text()
     assert "CosineAnnealingLrScheduler" in log
     assert f"Restored the weights of epoch {results['best_epoch']}" in log
-    for split, name in (("train", "Loss"), ("train", "RMSE"), ("train", "Learning_Rate"),
-                        ("valid", "Loss"), ("valid", "RMSE"), ("valid", "MAE")):
+    for split, name in (
+        ("train", "Loss"),
+        ("train", "RMSE"),
+        ("train", "Learning_Rate"),
+        ("valid", "Loss"),
+        ("valid", "RMSE"),
+        ("valid", "MAE"),
+    ):
         assert read_metric_log(directory / split / "epoch-1" / f"{name}.log"), (split, name)
     kept = sorted(p.name for p in (directory / "checkpoint").glob("model-*.mpk"))
     assert f"model-{results['best_epoch']}.mpk" in kept  # the best epoch is kept for restore_best

@@ -17,16 +17,21 @@ SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
 
 def run(directory: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), str(directory), *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(SCRIPT), str(directory), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
 def epoch_values(directory: Path) -> dict[tuple[str, str], tuple[float, float]]:
-    return {(m.split, m.name): (m.minimum, m.maximum) for m in LearnerSummary.from_dir(directory).metrics}
+    return {
+        (m.split, m.name): (m.minimum, m.maximum)
+        for m in LearnerSummary.from_dir(directory).metrics
+    }
 
 
 def final(directory: Path) -> dict[str, torch.Tensor]:
-    from torch import nn
 
     return DefaultRecorder().load(None, directory / "final")
 
@@ -39,9 +44,16 @@ def test_two_processes_at_batch_b_match_one_process_at_batch_2b(tmp_path):
     for split in ("train", "valid"):
         for epoch in (1, 2, 3):
             for name in ("Loss", "Accuracy"):
-                lines = lambda d: [tuple(map(float, l.split(","))) for l in (d / split / f"epoch-{epoch}" / f"{name}.log").read_text().splitlines()]
+                lines = lambda d: [
+                    tuple(map(float, l.split(",")))
+                    for l in (d / split / f"epoch-{epoch}" / f"{name}.log").read_text().splitlines()
+                ]
                 a, b = lines(tmp_path / "one"), lines(tmp_path / "two")
-                assert sum(w for _, w in a) == sum(w for _, w in b) == (203 if split == "train" else 61)
+                assert (
+                    sum(w for _, w in a)
+                    == sum(w for _, w in b)
+                    == (203 if split == "train" else 61)
+                )
                 mean = lambda rows: sum(v * w for v, w in rows) / sum(w for _, w in rows)
                 assert abs(mean(a) - mean(b)) <= 1e-5 * max(1.0, abs(mean(a))), (split, epoch, name)
     for name, value in final(tmp_path / "one").items():
@@ -56,7 +68,9 @@ def test_resume_with_a_different_number_of_processes(tmp_path):
     assert straight.returncode == 0, straight.stderr
     first = run(tmp_path / "resumed", "--processes", "2", "--batch", "16", "--epochs", "2")
     assert first.returncode == 0, first.stderr
-    second = run(tmp_path / "resumed", "--processes", "1", "--batch", "32", "--epochs", "3", "--resume")
+    second = run(
+        tmp_path / "resumed", "--processes", "1", "--batch", "32", "--epochs", "3", "--resume"
+    )
     assert second.returncode == 0, second.stderr
     for name, value in final(tmp_path / "straight").items():
         torch.testing.assert_close(final(tmp_path / "resumed")[name], value, rtol=1e-5, atol=1e-6)
@@ -70,16 +84,38 @@ def test_two_torchrun_nodes_write_one_artifact_directory(tmp_path):
         port = sock.getsockname()[1]
     nodes = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-             "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
-             str(SCRIPT), str(tmp_path / "run"), "--processes", "1", "--batch", "16"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(rank),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                str(SCRIPT),
+                str(tmp_path / "run"),
+                "--processes",
+                "1",
+                "--batch",
+                "16",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for rank in (0, 1)
     ]
     outputs = [node.communicate(timeout=240) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
-    files = sorted(str(p.relative_to(tmp_path / "run")) for p in (tmp_path / "run").rglob("*") if p.is_file())
+    files = sorted(
+        str(p.relative_to(tmp_path / "run")) for p in (tmp_path / "run").rglob("*") if p.is_file()
+    )
     assert files.count("experiment.log") == 1
     assert "train/epoch-3/Loss.log" in files and "final.mpk" in files
     assert "2 processes (gloo)" in (tmp_path / "run" / "experiment.log").read_text()
@@ -89,7 +125,9 @@ def test_two_torchrun_nodes_write_one_artifact_directory(tmp_path):
 
 def test_a_failing_rank_stops_the_run_with_its_traceback(tmp_path):
     started = time.monotonic()
-    result = run(tmp_path / "run", "--processes", "2", "--fail-rank", "1", "--timeout", "30", timeout=120)
+    result = run(
+        tmp_path / "run", "--processes", "2", "--fail-rank", "1", "--timeout", "30", timeout=120
+    )
     elapsed = time.monotonic() - started
     assert result.returncode != 0
     assert "deliberate failure on rank 1" in result.stderr

@@ -101,7 +101,7 @@ def blocks(text: str) -> list[Block]:
             if closing.startswith(fence[0] * len(fence)) and set(closing) == {fence[0]}:
                 break
             line = lines[end]
-            body.append(line[len(indent):] if line.startswith(indent) else line.lstrip())
+            body.append(line[len(indent) :] if line.startswith(indent) else line.lstrip())
             end += 1
         found.append(Block(index + 1, language, info, "\n".join(body) + "\n", marked))
         index = end + 1
@@ -169,7 +169,7 @@ def run_page(page: Path, echo: bool = False) -> dict:
                                 del namespace["__file__"]
                         else:
                             exec(compile(_expand(block.code), where, "exec"), namespace)
-                except BaseException:  # noqa: BLE001 - reported, with the block's line
+                except BaseException:
                     report["error"] = (
                         f"The block at {where} raised:\n{traceback.format_exc()}\n"
                         "Output of the page so far (last 3000 characters):\n"
@@ -227,7 +227,11 @@ def reports(tmp_path_factory) -> dict:
     pages = [str(p) for p in PAGES if p.exists()]
     done = subprocess.run(
         [sys.executable, __file__, "--json", str(out), *pages],
-        capture_output=True, text=True, timeout=600, env=_env(), cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+        cwd=ROOT,
     )
     assert out.exists(), f"the docs runner crashed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return json.loads(out.read_text(encoding="utf-8"))
@@ -242,15 +246,21 @@ def test_every_python_block_of_the_page_runs(reports, page):
 def test_the_docs_hold_runnable_examples(reports):
     ran = sum(r["run"] for r in reports.values())
     skipped = sum(r["not_run"] for r in reports.values())
-    print(f"\ndocs: {ran} blocks executed, {skipped} marked not run, in "
-          f"{sum(r['seconds'] for r in reports.values()):.1f} s")
+    print(
+        f"\ndocs: {ran} blocks executed, {skipped} marked not run, in "
+        f"{sum(r['seconds'] for r in reports.values()):.1f} s"
+    )
     assert ran >= 40, reports
 
 
 def test_mkdocs_builds_the_site_strictly_without_warnings(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+        cwd=ROOT,
     )
     output = done.stdout + done.stderr
     assert "No module named mkdocs" not in output, (
@@ -274,6 +284,6 @@ def test_a_raising_block_fails_and_a_marked_block_is_skipped(tmp_path):
     assert report["run"] == 1 and report["not_run"] == 1
     assert "page.md:10" in report["error"] and "ValueError: boom" in report["error"]
 
-    page.write_text('<!-- not run -->\n```python\ndef broken(:\n```\n', encoding="utf-8")
+    page.write_text("<!-- not run -->\n```python\ndef broken(:\n```\n", encoding="utf-8")
     report = run_page(page)
     assert report["run"] == 0 and "not valid Python" in report["error"]

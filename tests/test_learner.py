@@ -8,15 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from ember_testing import Classifier
 
 import ember
 from ember.errors import ConfigError, TrainingError
 from ember.optim import AdamConfig, SgdConfig
-from ember.train import ClassificationOutput, LearnerBuilder, RegressionOutput, TrainOutput
+from ember.train import LearnerBuilder, RegressionOutput, TrainOutput
 from ember.train.logger import read_metric_log
 from ember.train.metric import AccuracyMetric, LossMetric
-
-from ember_testing import Classifier
 
 
 def guide_builder(artifact_dir: Path, renderer, epochs: int = 2) -> LearnerBuilder:
@@ -64,7 +63,7 @@ def test_each_log_line_is_value_and_batch_size_summing_to_the_dataset(tmp_path, 
                 assert len(lines) == batches
                 for line in lines:
                     assert re.fullmatch(r"[-+0-9.e]+,[0-9]+", line), line
-                    value, weight = line.split(",")
+                    value, _weight = line.split(",")
                     float(value)
                 assert sum(int(line.split(",")[1]) for line in lines) == size
 
@@ -85,16 +84,24 @@ def test_training_learns_and_returns_the_model(tmp_path, loaders, quiet):
 def test_validation_runs_in_eval_mode_under_inference_mode(tmp_path, loaders, quiet):
     model = Classifier()
     guide_builder(tmp_path, quiet, epochs=1).build(model, AdamConfig().init(), 1e-3).fit(*loaders)
-    train_modes = {(training, inference) for split, training, inference in model.seen if split == "train"}
-    valid_modes = {(training, inference) for split, training, inference in model.seen if split == "valid"}
+    train_modes = {
+        (training, inference) for split, training, inference in model.seen if split == "train"
+    }
+    valid_modes = {
+        (training, inference) for split, training, inference in model.seen if split == "valid"
+    }
     assert train_modes == {(True, False)}
     assert valid_modes == {(False, True)}
     assert model.training  # back in train mode after fit
 
 
-def test_epoch_aggregate_in_experiment_log_is_the_weighted_mean_of_the_lines(tmp_path, loaders, quiet):
+def test_epoch_aggregate_in_experiment_log_is_the_weighted_mean_of_the_lines(
+    tmp_path, loaders, quiet
+):
     ember.seed(0)
-    guide_builder(tmp_path, quiet, epochs=1).build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
+    guide_builder(tmp_path, quiet, epochs=1).build(Classifier(), AdamConfig().init(), 1e-2).fit(
+        *loaders
+    )
     rows = read_metric_log(tmp_path / "valid" / "epoch-1" / "Loss.log")
     expected = math.fsum(v * w for v, w in rows) / math.fsum(w for _, w in rows)
     log = (tmp_path / "experiment.log").read_text()
@@ -104,15 +111,17 @@ def test_epoch_aggregate_in_experiment_log_is_the_weighted_mean_of_the_lines(tmp
 
 
 def test_two_seeded_runs_write_identical_logs(tmp_path, blobs, quiet):
-    from ember.data import DataLoaderBuilder
-
     from ember_testing import BlobBatcher
+
+    from ember.data import DataLoaderBuilder
 
     def run(directory: Path) -> dict[str, str]:
         ember.seed(3)
         train = DataLoaderBuilder(BlobBatcher()).batch_size(16).shuffle(3).build(blobs[0])
         valid = DataLoaderBuilder(BlobBatcher()).batch_size(16).build(blobs[1])
-        guide_builder(directory, quiet).build(Classifier(), AdamConfig().init(), 1e-2).fit(train, valid)
+        guide_builder(directory, quiet).build(Classifier(), AdamConfig().init(), 1e-2).fit(
+            train, valid
+        )
         return {
             name: (directory / name).read_text()
             for name in tree(directory)
@@ -133,7 +142,9 @@ def test_a_torch_optimizer_and_a_float_lr_are_accepted(tmp_path, loaders, quiet)
 def test_sgd_config_binds_to_the_model(tmp_path, loaders, quiet):
     model = Classifier()
     before = [p.detach().clone() for p in model.parameters()]
-    guide_builder(tmp_path, quiet, epochs=1).build(model, SgdConfig(momentum=0.9).init(), 0.05).fit(*loaders)
+    guide_builder(tmp_path, quiet, epochs=1).build(model, SgdConfig(momentum=0.9).init(), 0.05).fit(
+        *loaders
+    )
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
@@ -158,11 +169,15 @@ def test_a_metric_that_cannot_read_the_output_fails_before_training(tmp_path, lo
     model = RegressionModel()
     before = [p.detach().clone() for p in model.parameters()]
     learner = guide_builder(tmp_path, quiet).build(model, AdamConfig().init(), 1e-2)
-    with pytest.raises(TrainingError, match=r"'Accuracy' cannot read the step output RegressionOutput"):
+    with pytest.raises(
+        TrainingError, match=r"'Accuracy' cannot read the step output RegressionOutput"
+    ):
         learner.fit(*loaders)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert not (tmp_path / "train" / "epoch-1").exists()
-    assert "cannot read the step output RegressionOutput" in (tmp_path / "experiment.log").read_text()
+    assert (
+        "cannot read the step output RegressionOutput" in (tmp_path / "experiment.log").read_text()
+    )
 
 
 class NoTrainOutput(Classifier):
@@ -172,7 +187,9 @@ class NoTrainOutput(Classifier):
 
 def test_train_step_must_return_train_output(tmp_path, loaders, quiet):
     learner = guide_builder(tmp_path, quiet).build(NoTrainOutput(), AdamConfig().init(), 1e-2)
-    with pytest.raises(TrainingError, match=r"returned ClassificationOutput; it must return TrainOutput"):
+    with pytest.raises(
+        TrainingError, match=r"returned ClassificationOutput; it must return TrainOutput"
+    ):
         learner.fit(*loaders)
 
 
@@ -193,9 +210,15 @@ def test_an_error_in_a_step_names_the_step_and_shows_the_batch(tmp_path, loaders
 
 
 def test_a_directory_holding_a_run_is_not_mixed_with_a_new_one(tmp_path, loaders, quiet):
-    guide_builder(tmp_path, quiet, epochs=1).build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
-    with pytest.raises(TrainingError, match=r"already holds a run.*checkpoint\(n\).*overwrite=True"):
-        guide_builder(tmp_path, quiet, epochs=1).build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
+    guide_builder(tmp_path, quiet, epochs=1).build(Classifier(), AdamConfig().init(), 1e-2).fit(
+        *loaders
+    )
+    with pytest.raises(
+        TrainingError, match=r"already holds a run.*checkpoint\(n\).*overwrite=True"
+    ):
+        guide_builder(tmp_path, quiet, epochs=1).build(Classifier(), AdamConfig().init(), 1e-2).fit(
+            *loaders
+        )
     fresh = LearnerBuilder(tmp_path, overwrite=True).metric_train(LossMetric()).renderer(quiet)
     fresh.build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
     assert tree(tmp_path) == ["experiment.log", "train/epoch-1/Loss.log"]
@@ -206,7 +229,10 @@ def test_a_directory_holding_a_run_is_not_mixed_with_a_new_one(tmp_path, loaders
     [
         (lambda b: b.num_epochs(0), r"num_epochs must be an int >= 1, got 0"),
         (lambda b: b.grads_accumulation(-1), r"grads_accumulation must be an int >= 1, got -1"),
-        (lambda b: b.metric_train(LossMetric()).metric_train(LossMetric()), r"'Loss' is registered twice for train"),
+        (
+            lambda b: b.metric_train(LossMetric()).metric_train(LossMetric()),
+            r"'Loss' is registered twice for train",
+        ),
         (lambda b: b.devices([]), r"devices\(\) needs at least one device"),
         (lambda b: b.metric_train(object()), r"object is not a metric"),
     ],
@@ -237,16 +263,28 @@ def test_interrupter_stops_after_the_current_step(tmp_path, loaders, quiet):
     assert "training stopped: enough" in quiet.stream_text.getvalue()
 
 
-def test_summary_table_is_printed_logged_and_available_from_the_cli(tmp_path, loaders, quiet, capsys):
+def test_summary_table_is_printed_logged_and_available_from_the_cli(
+    tmp_path, loaders, quiet, capsys
+):
     from ember.cli import main
 
     ember.seed(0)
-    guide_builder(tmp_path, quiet, epochs=2).summary().build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
+    guide_builder(tmp_path, quiet, epochs=2).summary().build(
+        Classifier(), AdamConfig().init(), 1e-2
+    ).fit(*loaders)
     printed = capsys.readouterr().out
     assert "| Split | Metric   | Min." in printed
     assert "2 epochs, Classifier, 195 parameters" in printed
-    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]) for line in printed.splitlines()[3:]}
-    assert rows == {("train", "Accuracy"), ("train", "Loss"), ("valid", "Accuracy"), ("valid", "Loss")}
+    rows = {
+        tuple(c.strip() for c in line.strip("|").split("|")[:2])
+        for line in printed.splitlines()[3:]
+    }
+    assert rows == {
+        ("train", "Accuracy"),
+        ("train", "Loss"),
+        ("valid", "Accuracy"),
+        ("valid", "Loss"),
+    }
     assert printed.strip() in (tmp_path / "experiment.log").read_text()
     assert main(["summary", str(tmp_path)]) == 0
     assert capsys.readouterr().out == printed

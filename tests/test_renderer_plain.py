@@ -5,12 +5,12 @@ from __future__ import annotations
 import io
 import time
 
+from ember_testing import Classifier
+
 from ember.optim import AdamConfig
 from ember.train import LearnerBuilder
 from ember.train.metric import AccuracyMetric, LossMetric
 from ember.train.renderer import PlainRenderer
-
-from ember_testing import Classifier
 
 
 class SlowClassifier(Classifier):

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from ember_testing import Classifier
 
 from ember.record import DefaultRecorder
 from ember.train.logger import read_metric_log
-
-from ember_testing import Classifier
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_blobs.py"
 
@@ -22,7 +21,9 @@ SCRIPT = Path(__file__).parent / "scripts" / "train_blobs.py"
 def run(directory: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(SCRIPT), str(directory), *extra],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -34,7 +35,9 @@ def sigterm_midway(directory: Path, *extra: str) -> subprocess.CompletedProcess:
     """Start a slow run and send SIGTERM once it is inside epoch 2."""
     process = subprocess.Popen(
         [sys.executable, str(SCRIPT), str(directory), "--sleep", "0.01", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 60
     log = directory / "train" / "epoch-2" / "Loss.log"
@@ -67,7 +70,10 @@ def test_sigterm_mid_epoch_then_resume_latest_equals_an_uninterrupted_run(tmp_pa
 
     resumed = run(tmp_path / "resumed", "--resume", *options)
     assert resumed.returncode == 0, resumed.stderr
-    assert "Resumed from the checkpoint of epoch 2, iteration" in (tmp_path / "resumed" / "experiment.log").read_text()
+    assert (
+        "Resumed from the checkpoint of epoch 2, iteration"
+        in (tmp_path / "resumed" / "experiment.log").read_text()
+    )
 
     a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
     for name in a:
@@ -75,6 +81,10 @@ def test_sigterm_mid_epoch_then_resume_latest_equals_an_uninterrupted_run(tmp_pa
     # the resumed epoch's logs continue where they stopped: same lines as the straight run
     for split, name in (("train", "Loss.log"), ("train", "Accuracy.log"), ("valid", "Loss.log")):
         for epoch in (1, 2, 3):
-            assert read_metric_log(tmp_path / "straight" / split / f"epoch-{epoch}" / name) == read_metric_log(
-                tmp_path / "resumed" / split / f"epoch-{epoch}" / name
-            ), (split, epoch, name)
+            assert read_metric_log(
+                tmp_path / "straight" / split / f"epoch-{epoch}" / name
+            ) == read_metric_log(tmp_path / "resumed" / split / f"epoch-{epoch}" / name), (
+                split,
+                epoch,
+                name,
+            )

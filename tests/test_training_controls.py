@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from ember_testing import BlobBatcher, BlobDataset, Classifier
 from torch import nn
 
 import ember
@@ -15,8 +16,6 @@ from ember.record import DefaultRecorder
 from ember.train import ClassificationOutput, LearnerBuilder, TrainOutput
 from ember.train.early_stopping import MetricEarlyStoppingStrategy
 from ember.train.metric import AccuracyMetric, LossMetric
-
-from ember_testing import BlobBatcher, BlobDataset, Classifier
 
 
 class Linear(nn.Module):
@@ -31,7 +30,9 @@ class Linear(nn.Module):
 
     def train_step(self, batch):
         output = self(batch.inputs)
-        return TrainOutput(ClassificationOutput(F.cross_entropy(output, batch.targets), output, batch.targets))
+        return TrainOutput(
+            ClassificationOutput(F.cross_entropy(output, batch.targets), output, batch.targets)
+        )
 
     def valid_step(self, batch):
         return self.train_step(batch).item
@@ -94,9 +95,17 @@ def test_early_stopping_stops_at_the_expected_epoch(tmp_path, quiet, loaders):
         .build(Classifier(), AdamConfig().init(), 1e-2)
         .fit(*loaders)
     )
-    assert sorted(p.name for p in (tmp_path / "valid").iterdir()) == ["epoch-1", "epoch-2", "epoch-3", "epoch-4"]
+    assert sorted(p.name for p in (tmp_path / "valid").iterdir()) == [
+        "epoch-1",
+        "epoch-2",
+        "epoch-3",
+        "epoch-4",
+    ]
     log = (tmp_path / "experiment.log").read_text()
-    assert "Early stopping after epoch 4: valid Scripted has not improved for 2 epochs (best 1 at epoch 2)" in log
+    assert (
+        "Early stopping after epoch 4: valid Scripted has not improved for 2 epochs (best 1 at epoch 2)"
+        in log
+    )
     assert "training stopped early" in quiet.stream_text.getvalue()
 
 
@@ -119,7 +128,10 @@ def test_bf16_autocast_trains_with_finite_loss(tmp_path, quiet, loaders):
         .build(model, AdamConfig().init(), 1e-2)
         .fit(*loaders)
     )
-    values = [float(line.split(",")[0]) for line in (tmp_path / "train" / "epoch-2" / "Loss.log").read_text().splitlines()]
+    values = [
+        float(line.split(",")[0])
+        for line in (tmp_path / "train" / "epoch-2" / "Loss.log").read_text().splitlines()
+    ]
     assert all(v == v and abs(v) < 10 for v in values)
     assert "mixed precision bf16" in (tmp_path / "experiment.log").read_text()
 
@@ -186,7 +198,10 @@ def test_skip_policy_drops_the_bad_step_and_goes_on(tmp_path, quiet, loaders):
         .fit(*loaders)
     )
     assert all(torch.isfinite(p).all() for p in model.parameters())
-    assert "Skipped the optimizer step at epoch 1, iteration 3" in (tmp_path / "experiment.log").read_text()
+    assert (
+        "Skipped the optimizer step at epoch 1, iteration 3"
+        in (tmp_path / "experiment.log").read_text()
+    )
 
 
 @pytest.mark.parametrize(
@@ -196,7 +211,10 @@ def test_skip_policy_drops_the_bad_step_and_goes_on(tmp_path, quiet, loaders):
         (lambda b: b.grad_clipping(norm=-1), r"grad_clipping\(norm=...\) must be a number > 0"),
         (lambda b: b.grad_clipping(), r"grad_clipping\(\) needs norm=... or value=..."),
         (lambda b: b.nonfinite_loss("ignore"), r"nonfinite_loss takes 'stop' or 'skip'"),
-        (lambda b: MetricEarlyStoppingStrategy("Loss", no_improvement_since=0), r"no_improvement_since must be an int >= 1"),
+        (
+            lambda b: MetricEarlyStoppingStrategy("Loss", no_improvement_since=0),
+            r"no_improvement_since must be an int >= 1",
+        ),
     ],
 )
 def test_bad_control_options_fail_at_once(tmp_path, call, message):
@@ -220,14 +238,20 @@ def test_an_ember_scheduler_is_stepped_once_per_optimizer_step(tmp_path, quiet, 
         .grads_accumulation(2)
         .num_epochs(1)
         .renderer(quiet)
-        .build(model, AdamConfig().init(), StepLrSchedulerConfig(initial_lr=0.1, step_size=2, gamma=0.5))
+        .build(
+            model,
+            AdamConfig().init(),
+            StepLrSchedulerConfig(initial_lr=0.1, step_size=2, gamma=0.5),
+        )
         .fit(*loaders)
     )
     # 7 batches in groups of 2 -> 4 optimizer steps with rates 0.1, 0.1, 0.05, 0.05
     assert lr_lines(tmp_path) == [0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05]
 
 
-def test_a_torch_scheduler_is_accepted_and_stepped_after_each_optimizer_step(tmp_path, quiet, loaders):
+def test_a_torch_scheduler_is_accepted_and_stepped_after_each_optimizer_step(
+    tmp_path, quiet, loaders
+):
     from ember.train.metric import LearningRateMetric
 
     model = Classifier()
@@ -259,5 +283,10 @@ def test_a_scheduler_state_of_another_type_is_refused_on_resume(tmp_path, quiet,
         return builder.build(Classifier(), AdamConfig().init(), lr)
 
     learner(StepLrSchedulerConfig(initial_lr=0.1, step_size=2), 1).fit(*loaders)
-    with pytest.raises(TrainingError, match=r"state of a StepLrScheduler learning-rate scheduler, but this run uses CosineAnnealingLrScheduler"):
-        learner(CosineAnnealingLrSchedulerConfig(initial_lr=0.1, num_iters=10), 2, resume=True).fit(*loaders)
+    with pytest.raises(
+        TrainingError,
+        match=r"state of a StepLrScheduler learning-rate scheduler, but this run uses CosineAnnealingLrScheduler",
+    ):
+        learner(CosineAnnealingLrSchedulerConfig(initial_lr=0.1, num_iters=10), 2, resume=True).fit(
+            *loaders
+        )

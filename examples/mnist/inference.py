@@ -12,8 +12,8 @@ from ember.data.datasets import MnistDataset
 from ember.record import CompactRecorder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from data import MnistBatcher  # noqa: E402
-from training import TrainingConfig  # noqa: E402
+from data import MnistBatcher
+from training import TrainingConfig
 
 
 def infer(artifact_dir: str, device: str, count: int) -> float:

@@ -15,7 +15,7 @@ class ModelConfig(Config):
     hidden_size: int = 512
     dropout: float = 0.5
 
-    def init(self) -> "Model":
+    def init(self) -> Model:
         return Model(self)
 
 

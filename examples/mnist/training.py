@@ -19,8 +19,8 @@ from ember.train import LearnerBuilder
 from ember.train.metric import AccuracyMetric, LossMetric
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from data import MnistBatcher  # noqa: E402
-from model import ModelConfig  # noqa: E402
+from data import MnistBatcher
+from model import ModelConfig
 
 
 class TrainingConfig(Config):

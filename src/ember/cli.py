@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     plot.add_argument("artifact_dir")
     plot.add_argument(
-        "-o", "--output-dir", default=None, help="where to write the PNGs (default: ARTIFACT_DIR/plots)"
+        "-o", "--output-dir", default=None, help="where to write them (default: ARTIFACT_DIR/plots)"
     )
     args = parser.parse_args(argv)
     try:

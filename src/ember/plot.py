@@ -30,19 +30,17 @@ class MetricLogs:
     name: str
     splits: dict[str, dict[int, list[tuple[float, float]]]] = field(default_factory=dict)
 
-    def iterations(self, split: str) -> tuple[list[int], list[float], list[int]]:
-        """Global iteration numbers (1-based, across epochs), values, and the iteration
-        at which each epoch after the first starts."""
+    def iterations(self, split: str) -> tuple[list[int], list[float], list[tuple[int, int]]]:
+        """Global iteration numbers (1-based, counted across epochs), values, and each
+        epoch that has values with its first global iteration."""
         xs: list[int] = []
         ys: list[float] = []
-        starts: list[int] = []
-        count = 0
+        starts: list[tuple[int, int]] = []
         for epoch, rows in sorted(self.splits.get(split, {}).items()):
-            if count:
-                starts.append(count + 1)
+            if rows:
+                starts.append((epoch, len(xs) + 1))
             for value, _ in rows:
-                count += 1
-                xs.append(count)
+                xs.append(len(xs) + 1)
                 ys.append(value)
         return xs, ys, starts
 
@@ -68,7 +66,9 @@ def read_run(artifact_dir: str | os.PathLike[str]) -> list[MetricLogs]:
                 rows = read_metric_log(log)
                 logs = metrics.setdefault(log.stem, MetricLogs(log.stem))
                 logs.splits.setdefault(split, {})[epoch] = rows
-    found = [m for m in metrics.values() if any(rows for s in m.splits.values() for rows in s.values())]
+    found = [
+        m for m in metrics.values() if any(rows for s in m.splits.values() for rows in s.values())
+    ]
     if not found:
         raise EmberError(
             f"{root} holds no metric logs (expected train/epoch-N/<Metric>.log or "
@@ -124,20 +124,30 @@ def plot_iterations(metric: MetricLogs, path: Path) -> Path:
         if len(xs) > SMOOTH_ABOVE:
             ax.plot(xs, ys, color=colour, alpha=0.25, linewidth=0.8, label=f"{split} (raw)")
             window = max(5, len(xs) // 50)
-            ax.plot(xs, smooth(ys, window), color=colour, linewidth=2.0,
-                    label=f"{split} (moving average of {window})")
+            ax.plot(
+                xs,
+                smooth(ys, window),
+                color=colour,
+                linewidth=2.0,
+                label=f"{split} (moving average of {window})",
+            )
         else:
-            ax.plot(xs, ys, color=colour, linewidth=1.5, marker="." if len(xs) < 30 else None,
-                    label=split)
-        for start in starts:
-            ax.axvline(start - 0.5, color="grey", linewidth=0.8, linestyle=":", alpha=0.8)
-        epochs = sorted(metric.splits[split])
-        if len(epochs) > 1:
-            secondary = ax.secondary_xaxis("top")
-            bounds = [0.5] + [s - 0.5 for s in starts] + [len(xs) + 0.5]
+            ax.plot(
+                xs,
+                ys,
+                color=colour,
+                linewidth=1.5,
+                marker="." if len(xs) < 30 else None,
+                label=split,
+            )
+        for _, first in starts[1:]:
+            ax.axvline(first - 0.5, color="grey", linewidth=0.8, linestyle=":", alpha=0.8)
+        if len(starts) > 1:
+            bounds = [first - 0.5 for _, first in starts] + [len(xs) + 0.5]
             centres = [(a + b) / 2 for a, b in zip(bounds, bounds[1:])]
-            step = max(1, math.ceil(len(epochs) / 20))
-            secondary.set_xticks(centres[::step], [str(e) for e in epochs][::step])
+            step = max(1, math.ceil(len(starts) / 20))
+            secondary = ax.secondary_xaxis("top")
+            secondary.set_xticks(centres[::step], [str(e) for e, _ in starts][::step])
             secondary.set_xlabel("epoch", fontsize=9)
             secondary.tick_params(labelsize=8, length=0)
         ax.set_xlim(0.5, max(len(xs), 1) + 0.5)
@@ -168,8 +178,11 @@ def plot_epochs(metric: MetricLogs, path: Path) -> Path:
         step = max(1, math.ceil((last - first + 1) / 20))
         ax.set_xticks(range(first, last + 1, step))
         ax.set_xlim(first - 0.5, last + 0.5)
-    ax.set_title(f"{metric.name} per epoch (mean over the epoch's iterations)", fontsize=13,
-                 fontweight="bold")
+    ax.set_title(
+        f"{metric.name} per epoch (mean over the epoch's iterations)",
+        fontsize=13,
+        fontweight="bold",
+    )
     ax.set_xlabel("epoch")
     ax.set_ylabel(metric.name)
     ax.grid(True, alpha=0.3)

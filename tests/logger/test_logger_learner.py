@@ -5,13 +5,13 @@ from __future__ import annotations
 import csv
 import math
 
+from ember_testing import Classifier
+
 import ember
 from ember.optim import AdamConfig
 from ember.train import LearnerBuilder
 from ember.train.logger import CsvMetricLogger, InMemoryMetricLogger, read_metric_log
 from ember.train.metric import AccuracyMetric, LossMetric
-
-from ember_testing import Classifier
 
 
 def test_one_instance_for_both_splits_matches_the_metric_files(tmp_path, loaders, quiet):

@@ -79,9 +79,7 @@ def test_accuracy_own_pad_token(drive):
     logits, targets, _ = _classification(4)
     targets = targets.clone()
     targets[::5] = -1
-    items = [
-        ClassificationInput(x, y) for x, y in zip(logits.split(SIZES), targets.split(SIZES))
-    ]
+    items = [ClassificationInput(x, y) for x, y in zip(logits.split(SIZES), targets.split(SIZES))]
     value, _ = drive(AccuracyMetric(pad_token=-1), items)
     keep = targets != -1
     expected = 100.0 * accuracy_score(targets[keep].numpy(), logits.argmax(-1)[keep].numpy())

@@ -60,6 +60,7 @@ def _outputs(device: str = "cpu") -> dict[str, Any]:
             torch.tensor(1.0), torch.randn(n, 5, 6, generator=g), sequence_targets, pad_token=0
         ),
     }
+
     def move(value: Any) -> Any:
         return value.to(device) if isinstance(value, torch.Tensor) else value
 

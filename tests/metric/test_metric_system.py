@@ -13,7 +13,6 @@ from ember.errors import EmberError
 from ember.train.metric import system
 from ember.train.metric.adapt import adapt
 from ember.train.metric.base import MetricMetadata
-from ember.train.metric.inputs import LossInput
 from ember.train.metric.learning_rate import LearningRateMetric
 from ember.train.metric.speed import IterationSpeedMetric
 from ember.train.metric.system import CpuMemoryMetric, CpuUseMetric, CudaMemoryMetric

@@ -70,10 +70,22 @@ def test_precision_values_and_dtypes():
 
 def test_public_names():
     assert sorted(er.__all__) == sorted(
-        ["Recorder", "Precision", "NamedMpkFileRecorder", "NamedMpkGzFileRecorder",
-         "BinFileRecorder", "BinGzFileRecorder", "PrettyJsonFileRecorder", "JsonGzFileRecorder",
-         "SafetensorsFileRecorder", "DefaultRecorder", "CompactRecorder",
-         "SensitiveCompactRecorder", "load", "atomic_write_bytes"]
+        [
+            "Recorder",
+            "Precision",
+            "NamedMpkFileRecorder",
+            "NamedMpkGzFileRecorder",
+            "BinFileRecorder",
+            "BinGzFileRecorder",
+            "PrettyJsonFileRecorder",
+            "JsonGzFileRecorder",
+            "SafetensorsFileRecorder",
+            "DefaultRecorder",
+            "CompactRecorder",
+            "SensitiveCompactRecorder",
+            "load",
+            "atomic_write_bytes",
+        ]
     )
 
 

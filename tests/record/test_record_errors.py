@@ -36,8 +36,11 @@ def test_malicious_pickle_is_refused_and_never_run(tmp_path, name, compress):
     path = tmp_path / name
     path.write_bytes(gzip.compress(payload) if compress else payload)
     recorder = er.CompactRecorder() if compress else er.DefaultRecorder()
-    for attempt in (lambda: recorder.load(None, path), lambda: er.load(None, path),
-                    lambda: er.load(make_model(), path)):
+    for attempt in (
+        lambda: recorder.load(None, path),
+        lambda: er.load(None, path),
+        lambda: er.load(make_model(), path),
+    ):
         with pytest.raises(RecordError) as info:
             attempt()
         assert str(path) in str(info.value)

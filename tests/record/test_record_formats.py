@@ -124,8 +124,11 @@ def test_compact_recorder_shrinks_random_weights(tmp_path):
     )
     f32_bytes = sum(t.numel() * 4 for t in model.state_dict().values())
     ratios = {}
-    for recorder in (er.CompactRecorder(), er.SensitiveCompactRecorder(),
-                     er.CompactRecorder(precision="bf16")):
+    for recorder in (
+        er.CompactRecorder(),
+        er.SensitiveCompactRecorder(),
+        er.CompactRecorder(precision="bf16"),
+    ):
         name = f"{type(recorder).__name__}-{recorder.precision.value}"
         path = recorder.save(model, tmp_path / name)
         ratios[recorder.precision.value, recorder.file_extension] = path.stat().st_size / f32_bytes

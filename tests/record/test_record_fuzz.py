@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from record_testing import RECORDERS, make_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from record_testing import RECORDERS, make_model
 
 import ember.record as er
 from ember.errors import RecordError
@@ -40,8 +40,11 @@ TARGET = make_model(seed=1)
 def outcome(cls: type, path: Path) -> list[str]:
     """Load `path` with the recorder and with `ember.record.load`; return what failed how."""
     failures = []
-    for reader in (lambda p: cls().load(None, p), lambda p: er.load(None, p),
-                   lambda p: er.load(TARGET, p)):
+    for reader in (
+        lambda p: cls().load(None, p),
+        lambda p: er.load(None, p),
+        lambda p: er.load(TARGET, p),
+    ):
         try:
             reader(path)
         except RecordError as exc:

@@ -59,8 +59,12 @@ def test_module_round_trip(cls, precision, tmp_path):
 @pytest.mark.parametrize("cls", RECORDERS, ids=lambda c: c.file_extension)
 def test_precision_sets_the_stored_dtype_of_module_weights(cls, tmp_path):
     source = make_model()
-    for precision, dtype in [("full", torch.float32), ("half", torch.float16),
-                             ("bf16", torch.bfloat16), ("double", torch.float64)]:
+    for precision, dtype in [
+        ("full", torch.float32),
+        ("half", torch.float16),
+        ("bf16", torch.bfloat16),
+        ("double", torch.float64),
+    ]:
         path = cls(precision=precision).save(source, tmp_path / precision)
         stored = er.load(None, path)
         assert stored["fc1.weight"].dtype == dtype

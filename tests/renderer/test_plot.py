@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from tui_script import Blobs, blobs
 
 from ember.cli import main
 from ember.errors import EmberError
@@ -14,8 +15,6 @@ from ember.optim import AdamConfig
 from ember.train import LearnerBuilder
 from ember.train.metric import AccuracyMetric, LossMetric
 from ember.train.renderer import PlainRenderer
-
-from tui_script import Blobs, blobs
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +46,10 @@ def test_plot_writes_readable_pngs(finished_run, capsys):
     plots = finished_run / "plots"
     names = sorted(p.name for p in plots.iterdir())
     assert names == [
-        "Accuracy-epochs.png", "Accuracy-iterations.png", "Loss-epochs.png", "Loss-iterations.png"
+        "Accuracy-epochs.png",
+        "Accuracy-iterations.png",
+        "Loss-epochs.png",
+        "Loss-iterations.png",
     ]
     assert sorted(printed) == sorted(str(plots / name) for name in names)
     for name in names:
@@ -57,9 +59,10 @@ def test_plot_writes_readable_pngs(finished_run, capsys):
         colours = np.unique((pixels[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)
         assert len(colours) > 50, name  # text, axes and curves, not a blank canvas
     # Loss has both splits: two stacked panels, so a taller figure than Accuracy's.
-    assert image.imread(plots / "Loss-iterations.png").shape[0] > image.imread(
-        plots / "Accuracy-iterations.png"
-    ).shape[0]
+    assert (
+        image.imread(plots / "Loss-iterations.png").shape[0]
+        > image.imread(plots / "Accuracy-iterations.png").shape[0]
+    )
 
 
 def test_plot_to_another_directory(finished_run, tmp_path, capsys):

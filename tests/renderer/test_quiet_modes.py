@@ -17,7 +17,9 @@ ARGS = ["--renderer", "default", "--epochs", "2", "--batches", "30", "--sleep", 
 def spawn_in_pty(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, int]:
     """Start `args` with stdin, stdout and stderr on a new pseudo-terminal."""
     master, slave = pty.openpty()
-    process = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    process = subprocess.Popen(
+        args, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True
+    )
     os.close(slave)
     return process, master
 
@@ -61,7 +63,9 @@ def test_pipe_ci_and_dumb_terminal_get_plain_lines(tmp_path):
     # Started together: the three runs overlap their start-up.
     piped = subprocess.Popen(
         [*command, str(tmp_path / "pipe"), *ARGS],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
         env={**base, "EMBER_PROGRESS_INTERVAL": "0.25"},
     )
     ci = spawn_in_pty([*command, str(tmp_path / "ci"), *ARGS], {**base, "CI": "1"})

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 from rich.console import Console
+from tui_script import Blobs, blobs
 
 from ember.errors import ConfigError
 from ember.optim import AdamConfig
@@ -20,8 +21,6 @@ from ember.train.renderer.charts import Series, bar_chart, line_chart
 from ember.train.renderer.history import History
 from ember.train.renderer.keys import parse_keys
 from ember.train.renderer.select import wants_dashboard
-
-from tui_script import Blobs, blobs
 
 
 @pytest.fixture(autouse=True)
@@ -74,8 +73,15 @@ def test_a_small_terminal_still_gets_a_frame_of_its_size():
     from ember.train.renderer.base import RunInfo
     from ember.train.renderer.panels import Snapshot, dashboard
 
-    info = RunInfo("/a/very/long/artifact/directory/name", 1, 3, "Model" * 20, 10**9, ("cpu",),
-                   metrics=(("train", "Loss", "", True),))
+    info = RunInfo(
+        "/a/very/long/artifact/directory/name",
+        1,
+        3,
+        "Model" * 20,
+        10**9,
+        ("cpu",),
+        metrics=(("train", "Loss", "", True),),
+    )
     for width, height in ((30, 16), (60, 16), (200, 50)):
         lines = dashboard(Snapshot(info, None, (), ("Loss",), "Loss", "history"), width, height)
         assert [sum(len(t) for t, _ in line) for line in lines] == [width] * height
@@ -206,8 +212,16 @@ def test_a_run_in_a_fake_terminal_draws_every_panel(tmp_path):
     renderer = TuiRenderer(console=console)
     train(tmp_path, renderer, Blobs(sleep=0.0))
     final = out.getvalue().split("\x1b[2K")[-1]  # the last frame, drawn by end()
-    for part in ("╭─ metrics", "╭─ status", "Loss · full history", "╭─ progress",
-                 "training completed", "100.0%", "epoch 3/3", "user print from train_step"):
+    for part in (
+        "╭─ metrics",
+        "╭─ status",
+        "Loss · full history",
+        "╭─ progress",
+        "training completed",
+        "100.0%",
+        "epoch 3/3",
+        "user print from train_step",
+    ):
         assert part in out.getvalue(), part
     assert "train last" in final and "valid epoch" in final
     assert sys.stdout is not None and not type(sys.stdout).__name__ == "FileProxy"
@@ -230,3 +244,37 @@ def test_end_without_start_and_twice_is_harmless():
     renderer = TuiRenderer(console=fake_terminal()[0])
     renderer.end("failed")
     renderer.end("failed")
+
+
+def test_one_renderer_serves_two_runs_in_turn(tmp_path):
+    console, out = fake_terminal()
+    renderer = TuiRenderer(console=console)
+    train(tmp_path / "first", renderer, Blobs(sleep=0.0), epochs=1)
+    train(tmp_path / "second", renderer, Blobs(sleep=0.0), epochs=2)
+    assert renderer._snapshot().info.num_epochs == 2
+    assert out.getvalue().count("training completed") >= 2
+    assert not renderer._live.is_started
+
+
+def test_a_chart_of_values_near_zero_does_not_dip_below_zero():
+    rows = text(line_chart([Series([0, 1, 2], [0.9, 0.01, 0.0], "cyan")], 40, 8, (0.0, 2.0)))
+    assert rows[-2].startswith("      0 ┤")
+
+
+class Failing(Blobs):
+    def train_step(self, batch):
+        if self.steps == 6:
+            raise RuntimeError("boom")
+        return super().train_step(batch)
+
+
+def test_a_failing_run_gives_the_terminal_back(tmp_path):
+    console, out = fake_terminal()
+    renderer = TuiRenderer(console=console)
+    stdout, stderr = sys.stdout, sys.stderr
+    with pytest.raises(RuntimeError, match="boom"):
+        train(tmp_path, renderer, Failing(sleep=0.0))
+    assert sys.stdout is stdout and sys.stderr is stderr
+    assert not renderer._live.is_started
+    assert "training failed" in out.getvalue()
+    assert out.getvalue().endswith("\x1b[?25h")  # the cursor is shown again

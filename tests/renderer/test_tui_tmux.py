@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from tmux_session import TMUX, TmuxRun, wait_for
 
 pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux is not installed")
@@ -94,8 +93,18 @@ def test_kill_restores_the_terminal(tmp_path):
 
 
 def test_persistent_dashboard_waits_for_a_key(tmp_path):
-    args = [str(tmp_path / "run"), "--renderer", "tui", "--epochs", "2", "--batches", "10",
-            "--sleep", "0.01", "--persistent"]
+    args = [
+        str(tmp_path / "run"),
+        "--renderer",
+        "tui",
+        "--epochs",
+        "2",
+        "--batches",
+        "10",
+        "--sleep",
+        "0.01",
+        "--persistent",
+    ]
     with TmuxRun(tmp_path, args) as run:
         screen = run.wait_screen("press any key to close", timeout=START)
         assert "training completed" in screen

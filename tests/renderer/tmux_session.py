@@ -17,7 +17,9 @@ SCRIPT = Path(__file__).resolve().parent / "tui_script.py"
 TMUX = shutil.which("tmux")
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, what: str, describe=lambda: "") -> object:
+def wait_for(
+    predicate: Callable[[], object], timeout: float, what: str, describe=lambda: ""
+) -> object:
     """Poll `predicate` every 0.1 s until it is truthy; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -31,11 +33,17 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, describ
 
 class TmuxRun:
     """`python tests/renderer/tui_script.py ARGS` in a detached tmux session of the given
-    size. When the program ends, its exit code goes to `rc.txt` and `stty -a` of the pane
-    to `stty.txt`; the pane then stays open so its last screen can be read."""
+    size. When the program ends, `stty -a` of the pane goes to `stty.txt`, then its exit
+    code to `rc.txt`; the pane stays open so its last screen can be read."""
 
-    def __init__(self, directory: Path, args: list[str], width: int = 120, height: int = 40,
-                 env: str = "unset CI") -> None:
+    def __init__(
+        self,
+        directory: Path,
+        args: list[str],
+        width: int = 120,
+        height: int = 40,
+        env: str = "unset CI",
+    ) -> None:
         self.directory = directory
         self.socket = directory / "tmux.sock"
         self.rc_file = directory / "rc.txt"
@@ -47,8 +55,9 @@ class TmuxRun:
             f"{env}\n"
             "export PYTHONUNBUFFERED=1\n"
             f"{command}\n"
-            f"echo $? > {shlex.quote(str(self.rc_file))}\n"
+            "code=$?\n"
             f"stty -a > {shlex.quote(str(self.stty_file))} 2>&1\n"
+            f"echo $code > {shlex.quote(str(self.rc_file))}\n"
             "sleep 120\n"
         )
         self.width, self.height = width, height
@@ -64,16 +73,32 @@ class TmuxRun:
     def __enter__(self) -> TmuxRun:
         assert TMUX is not None
         subprocess.run(
-            [TMUX, "-S", str(self.socket), "-f", os.devnull, "new-session", "-d",
-             "-x", str(self.width), "-y", str(self.height), "-s", "ember",
-             f"bash --noprofile --norc {shlex.quote(str(self.script))}"],
-            check=True, timeout=10, env={**os.environ, "TERM": "xterm-256color"},
+            [
+                TMUX,
+                "-S",
+                str(self.socket),
+                "-f",
+                os.devnull,
+                "new-session",
+                "-d",
+                "-x",
+                str(self.width),
+                "-y",
+                str(self.height),
+                "-s",
+                "ember",
+                f"bash --noprofile --norc {shlex.quote(str(self.script))}",
+            ],
+            check=True,
+            timeout=10,
+            env={**os.environ, "TERM": "xterm-256color"},
         )
         return self
 
     def __exit__(self, *exc: object) -> None:
-        subprocess.run([TMUX or "tmux", "-S", str(self.socket), "kill-server"],
-                       capture_output=True, timeout=10)
+        subprocess.run(
+            [TMUX or "tmux", "-S", str(self.socket), "kill-server"], capture_output=True, timeout=10
+        )
 
     def screen(self) -> str:
         """The visible pane, as text."""
@@ -103,6 +128,10 @@ class TmuxRun:
         return wait_for(found, timeout, f"/{pattern}/", self.screen)  # type: ignore[return-value]
 
     def wait_exit(self, timeout: float = 30.0) -> int:
-        wait_for(lambda: self.rc_file.exists() and self.rc_file.read_text().strip(),
-                 timeout, "the program to exit", self.screen)
+        wait_for(
+            lambda: self.rc_file.exists() and self.rc_file.read_text().strip(),
+            timeout,
+            "the program to exit",
+            self.screen,
+        )
         return int(self.rc_file.read_text().strip())

@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", action="store_true")
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(message)s"
+    )
     torch.manual_seed(0)
     torch.set_num_threads(1)
     if args.renderer == "tui":

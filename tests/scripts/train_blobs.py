@@ -14,15 +14,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ember_testing
 
-import ember  # noqa: E402
-from ember.data import DataLoaderBuilder  # noqa: E402
-from ember.optim import AdamConfig  # noqa: E402
-from ember.record import DefaultRecorder  # noqa: E402
-from ember.train import LearnerBuilder  # noqa: E402
-from ember.train.metric import AccuracyMetric, LossMetric  # noqa: E402
-from ember.train.renderer import PlainRenderer  # noqa: E402
+from ember_testing import BlobBatcher, BlobDataset, Classifier
 
-from ember_testing import BlobBatcher, BlobDataset, Classifier  # noqa: E402
+import ember
+from ember.data import DataLoaderBuilder
+from ember.optim import AdamConfig
+from ember.record import DefaultRecorder
+from ember.train import LearnerBuilder
+from ember.train.metric import AccuracyMetric, LossMetric
+from ember.train.renderer import PlainRenderer
 
 
 class Slow(Classifier):
@@ -51,7 +51,10 @@ def main() -> None:
 
     ember.seed(9)
     train = (
-        DataLoaderBuilder(BlobBatcher()).batch_size(16).shuffle(9).num_workers(args.workers)
+        DataLoaderBuilder(BlobBatcher())
+        .batch_size(16)
+        .shuffle(9)
+        .num_workers(args.workers)
         .build(BlobDataset(320))
     )
     valid = DataLoaderBuilder(BlobBatcher()).batch_size(32).build(BlobDataset(64, seed=1))

@@ -13,19 +13,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ember_testing
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+import torch.nn.functional as F
+from ember_testing import BlobBatcher, BlobDataset
+from torch import nn
 
-import ember  # noqa: E402
-from ember.data import DataLoaderBuilder  # noqa: E402
-from ember.optim import SgdConfig  # noqa: E402
-from ember.record import DefaultRecorder  # noqa: E402
-from ember.train import ClassificationOutput, LearnerBuilder, TrainOutput  # noqa: E402
-from ember.train.metric import AccuracyMetric, LossMetric  # noqa: E402
-from ember.train.renderer import PlainRenderer  # noqa: E402
-
-from ember_testing import BlobBatcher, BlobDataset  # noqa: E402
+import ember
+from ember.data import DataLoaderBuilder
+from ember.optim import SgdConfig
+from ember.record import DefaultRecorder
+from ember.train import ClassificationOutput, LearnerBuilder, TrainOutput
+from ember.train.metric import AccuracyMetric, LossMetric
+from ember.train.renderer import PlainRenderer
 
 
 class Linear(nn.Module):
@@ -43,7 +42,11 @@ class Linear(nn.Module):
 
     def train_step(self, batch):
         self.steps += 1
-        if self.fail_rank is not None and self.steps == 3 and int(os.environ.get("RANK", "0")) == self.fail_rank:
+        if (
+            self.fail_rank is not None
+            and self.steps == 3
+            and int(os.environ.get("RANK", "0")) == self.fail_rank
+        ):
             raise RuntimeError(f"deliberate failure on rank {self.fail_rank}")
         return TrainOutput(self.classify(batch))
 
@@ -64,14 +67,15 @@ def main() -> None:
 
     torch.set_num_threads(1)
     ember.seed(3)
-    train = DataLoaderBuilder(BlobBatcher()).batch_size(args.batch).shuffle(3).build(BlobDataset(203))
+    train = (
+        DataLoaderBuilder(BlobBatcher()).batch_size(args.batch).shuffle(3).build(BlobDataset(203))
+    )
     valid = DataLoaderBuilder(BlobBatcher()).batch_size(args.batch).build(BlobDataset(61, seed=1))
     builder = LearnerBuilder(args.dir)
     if args.resume:
         builder = builder.checkpoint("latest")
     learner = (
-        builder
-        .metric_train_numeric(AccuracyMetric())
+        builder.metric_train_numeric(AccuracyMetric())
         .metric_train_numeric(LossMetric())
         .metric_valid_numeric(AccuracyMetric())
         .metric_valid_numeric(LossMetric())

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence, TypeVar, runtime_checkable
 
-I = TypeVar("I", contravariant=True)
-B = TypeVar("B", covariant=True)
+ItemT = TypeVar("ItemT", contravariant=True)
+BatchT = TypeVar("BatchT", covariant=True)
 
 
 @runtime_checkable
-class Batcher(Protocol[I, B]):
+class Batcher(Protocol[ItemT, BatchT]):
     """Builds a batch from items; runs in DataLoader workers, so it stays on the CPU.
 
     ember moves the batch to the training device itself (tensors inside dataclasses,
     named tuples, tuples, lists and dicts are moved with `non_blocking=True`).
     """
 
-    def batch(self, items: Sequence[I]) -> B:
-        ...
+    def batch(self, items: Sequence[ItemT]) -> BatchT: ...
 
 
 class _BatcherCollate:

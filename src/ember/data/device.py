@@ -26,7 +26,9 @@ def to_device(batch: Any, device: torch.device, non_blocking: bool = True) -> An
     if isinstance(batch, list):
         return [to_device(value, device, non_blocking) for value in batch]
     if isinstance(batch, dict):
-        return type(batch)((key, to_device(value, device, non_blocking)) for key, value in batch.items())
+        return type(batch)(
+            (key, to_device(value, device, non_blocking)) for key, value in batch.items()
+        )
     mover = getattr(batch, "to", None)
     if callable(mover) and not isinstance(batch, (str, bytes)):
         return mover(device)

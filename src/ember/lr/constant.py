@@ -15,7 +15,12 @@ class ConstantLr:
     """Returns the same learning rate at every step."""
 
     def __init__(self, lr: float) -> None:
-        if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr < 0:
+        if (
+            not isinstance(lr, (int, float))
+            or isinstance(lr, bool)
+            or not math.isfinite(lr)
+            or lr < 0
+        ):
             raise ConfigError(f"The learning rate must be a finite number >= 0, got {lr!r}.")
         self.lr = float(lr)
 

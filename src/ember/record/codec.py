@@ -84,8 +84,10 @@ def encode_tree(
 
     def enc(value: Any, path: KeyPath) -> Any:
         if len(path) > MAX_DEPTH:
-            raise RecordProblem(f"the state is nested more than {MAX_DEPTH} levels deep "
-                                f"(or refers to itself) at {format_path(path[:8])}...")
+            raise RecordProblem(
+                f"the state is nested more than {MAX_DEPTH} levels deep "
+                f"(or refers to itself) at {format_path(path[:8])}..."
+            )
         if value is None or type(value) in (bool, str):
             return value
         if isinstance(value, str):
@@ -207,6 +209,7 @@ def inline_tensor_encoder(dialect: Dialect, *, shuffle: bool, checksum: bool) ->
     `shuffle` stores the bytes grouped by significance (better gzip ratio); `checksum` adds
     the CRC-32 of the raw bytes (for formats without a whole-file checksum).
     """
+
     def encode(tensor: torch.Tensor, path: KeyPath) -> Any:
         name, shape, data = tensor_to_bytes(tensor)
         node: dict[str, Any] = {"dtype": name, "shape": shape}
@@ -224,6 +227,7 @@ def inline_tensor_encoder(dialect: Dialect, *, shuffle: bool, checksum: bool) ->
 
 def inline_tensor_decoder(dialect: Dialect) -> TensorDecoder:
     """Decode tensors written by `inline_tensor_encoder`, checking sizes and checksums."""
+
     def decode(node: Any) -> torch.Tensor:
         if not isinstance(node, dict):
             raise RecordProblem("malformed tensor entry")

@@ -57,9 +57,7 @@ class FileRecorder:
             raise record_error(final, exc, action="save") from exc
         return final
 
-    def load(
-        self, target: Any, path: str | os.PathLike[str], *, device: Device = None
-    ) -> Any:
+    def load(self, target: Any, path: str | os.PathLike[str], *, device: Device = None) -> Any:
         """Read the record at `path` (extension optional) into `target`; see `ember.record.load`.
 
         Returns the target, or the decoded state tree when `target` is None or a dict.

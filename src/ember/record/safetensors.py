@@ -48,8 +48,18 @@ MAX_HEADER_BYTES = 100_000_000
 """Largest safetensors JSON header accepted (the safetensors library's own limit)."""
 
 _NATIVE_DTYPES = frozenset(
-    {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-     torch.int16, torch.int8, torch.uint8, torch.bool}
+    {
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    }
 )
 
 
@@ -92,8 +102,9 @@ def _encode(header: Header, tree: Any, options: EncodeOptions) -> bytes:
         return {"name": name, "crc32": zlib.crc32(_raw_view(t))}
 
     plain = encode_tree(tree, JSON, add_tensor, float_dtype=options.float_dtype)
-    ember = json.dumps({**header.to_plain(), "record": plain}, separators=(",", ":"),
-                       allow_nan=False)
+    ember = json.dumps(
+        {**header.to_plain(), "record": plain}, separators=(",", ":"), allow_nan=False
+    )
     return bytes(library.save(tensors, metadata={"format": "pt", "ember": ember}))
 
 
@@ -150,8 +161,9 @@ def _decode(data: bytes) -> Record:
             raise RecordProblem(f"the tensor {node['name']!r} is missing from the file")
         crc = node.get("crc32")
         if crc is not None and crc != zlib.crc32(_raw_view(tensor)):
-            raise RecordProblem(f"tensor {node['name']!r} does not match its checksum "
-                                "(the file is damaged)")
+            raise RecordProblem(
+                f"tensor {node['name']!r} does not match its checksum (the file is damaged)"
+            )
         return tensor
 
     return Record(header, decode_tree(ember["record"], JSON, get_tensor))

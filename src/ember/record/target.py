@@ -53,10 +53,16 @@ def restore(record: Record, target: Any, path: Path, device: Device = None) -> A
 def load_module(module: torch.nn.Module, state: Mapping[Any, Any], path: Path) -> None:
     """Load `state` into `module` in place after checking keys and shapes against it."""
     expected = module.state_dict(keep_vars=True)
-    problems = [f"missing key {key!r} (the model has it, the record does not)"
-                for key in expected if key not in state]
-    problems += [f"unexpected key {key!r} (the record has it, the model does not)"
-                 for key in state if key not in expected]
+    problems = [
+        f"missing key {key!r} (the model has it, the record does not)"
+        for key in expected
+        if key not in state
+    ]
+    problems += [
+        f"unexpected key {key!r} (the record has it, the model does not)"
+        for key in state
+        if key not in expected
+    ]
     converted: dict[str, Any] = {}
     for key, want in expected.items():
         if key not in state:

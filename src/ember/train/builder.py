@@ -9,19 +9,19 @@ from typing import Any, Sequence
 
 import torch
 
-from ember.errors import ConfigError, TrainingError
+from ember.errors import ConfigError
 from ember.lr.base import LrDriver
 from ember.lr.constant import ConstantLr
 from ember.train.checkpoint.file import FileCheckpointer
-from ember.train.distributed import from_environment, process_device
 from ember.train.checkpoint.strategy import (
     ComposedCheckpointingStrategy,
     KeepLastNCheckpoints,
     MetricCheckpointingStrategy,
 )
-from ember.train.optimization import Optimization, check_mixed_precision
+from ember.train.distributed import from_environment, process_device
 from ember.train.interrupter import Interrupter
 from ember.train.logger.base import MetricLogger
+from ember.train.optimization import Optimization, check_mixed_precision
 from ember.train.step import check_steps
 
 
@@ -189,7 +189,9 @@ class LearnerBuilder:
     def with_checkpointing_strategy(self, strategy: Any) -> LearnerBuilder:
         """Which checkpoints to keep (default: the last 2 epochs and the best by valid loss)."""
         if not callable(getattr(strategy, "keep", None)):
-            raise ConfigError(f"{type(strategy).__name__} is not a checkpointing strategy (no keep()).")
+            raise ConfigError(
+                f"{type(strategy).__name__} is not a checkpointing strategy (no keep())."
+            )
         self._strategy = strategy
         return self
 
@@ -204,7 +206,9 @@ class LearnerBuilder:
         self._mixed_precision = check_mixed_precision(dtype)
         return self
 
-    def grad_clipping(self, *, norm: float | None = None, value: float | None = None) -> LearnerBuilder:
+    def grad_clipping(
+        self, *, norm: float | None = None, value: float | None = None
+    ) -> LearnerBuilder:
         """Clip gradients before each optimizer step, by total norm and/or by value."""
         for name, limit in (("norm", norm), ("value", value)):
             if limit is not None and (not isinstance(limit, (int, float)) or not limit > 0):

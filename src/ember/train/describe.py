@@ -18,7 +18,9 @@ def run_info(learner: Any, start_epoch: int) -> RunInfo:
         num_epochs=learner.num_epochs,
         model_name=type(learner.model).__name__,
         num_parameters=sum(p.numel() for p in learner.model.parameters()),
-        devices=tuple(str(d) for d in learner.devices) if learner.dist is not None and learner.devices and len(learner.devices) > 1 else (str(learner.device),),
+        devices=tuple(str(d) for d in learner.devices)
+        if learner.dist is not None and learner.devices and len(learner.devices) > 1
+        else (str(learner.device),),
         metrics=tuple(
             (split, str(metric.name), str(getattr(metric, "unit", "")), numeric)
             for split, entries in learner.metrics.items()
@@ -63,7 +65,8 @@ def describe(batch: Any, depth: int = 0) -> str:
         return type(batch).__name__
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         inner = ", ".join(
-            f"{f.name}={describe(getattr(batch, f.name), depth + 1)}" for f in dataclasses.fields(batch)
+            f"{f.name}={describe(getattr(batch, f.name), depth + 1)}"
+            for f in dataclasses.fields(batch)
         )
         return f"{type(batch).__name__}({inner})"
     if isinstance(batch, dict):

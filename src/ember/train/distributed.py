@@ -110,7 +110,9 @@ class Distributed:
             if code not in (None, 0):
                 if child.reader is not None:
                     child.reader.join(timeout=2)
-                reports.append(f"rank {child.rank} exited with code {code}:\n" + "\n".join(child.tail))
+                reports.append(
+                    f"rank {child.rank} exited with code {code}:\n" + "\n".join(child.tail)
+                )
         return "\n".join(reports)
 
     def close(self, failed: bool) -> None:
@@ -167,7 +169,9 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
     if children:
         threading.Thread(target=_watch, args=(context,), name="ember-ranks", daemon=True).start()
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        dist.init_process_group(
+            backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout)
+        )
     except Exception as error:
         context.close(failed=True)
         raise TrainingError(
@@ -233,10 +237,16 @@ def _launch(world: int) -> tuple[list[Child], dict[str, str | None]]:
     for rank in range(1, world):
         env = {**os.environ, **shared, "RANK": str(rank), "LOCAL_RANK": str(rank)}
         process = subprocess.Popen(
-            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+            command,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
         )
         child = Child(rank, process)
-        child.reader = threading.Thread(target=_forward, args=(child,), name=f"ember-rank-{rank}", daemon=True)
+        child.reader = threading.Thread(
+            target=_forward, args=(child,), name=f"ember-rank-{rank}", daemon=True
+        )
         child.reader.start()
         children.append(child)
     os.environ.update({**shared, "RANK": "0", "LOCAL_RANK": "0"})
@@ -315,4 +325,8 @@ class BatchPlan:
 
     def global_items(self, first: int, count: int = 1) -> int:
         """Samples of all ranks in steps `first` .. `first + count - 1`."""
-        return sum(self.size(rank, step) for rank in range(len(self.lengths)) for step in range(first, first + count))
+        return sum(
+            self.size(rank, step)
+            for rank in range(len(self.lengths))
+            for step in range(first, first + count)
+        )

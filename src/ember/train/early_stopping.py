@@ -42,7 +42,9 @@ class MetricEarlyStoppingStrategy:
         if split not in ("train", "valid"):
             raise ConfigError(f"split must be 'train' or 'valid', got {split!r}.")
         if not isinstance(no_improvement_since, int) or no_improvement_since < 1:
-            raise ConfigError(f"no_improvement_since must be an int >= 1, got {no_improvement_since!r}.")
+            raise ConfigError(
+                f"no_improvement_since must be an int >= 1, got {no_improvement_since!r}."
+            )
         if not isinstance(warmup_epochs, int) or warmup_epochs < 0:
             raise ConfigError(f"warmup_epochs must be an int >= 0, got {warmup_epochs!r}.")
         self.name = metric_name(metric)

@@ -50,5 +50,4 @@ Event = Start | ProcessedItem | EndEpoch | End
 class Listener(Protocol):
     """Anything with `on_event(event)`; registered with `LearnerBuilder.listener(...)`."""
 
-    def on_event(self, event: Event) -> None:
-        ...
+    def on_event(self, event: Event) -> None: ...

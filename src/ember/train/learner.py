@@ -20,18 +20,18 @@ from ember.data.device import first_dim, to_device
 from ember.errors import TrainingError
 from ember.rng import capture_rng_state, restore_rng_state
 from ember.train.checkpoint.file import FileCheckpointer
+from ember.train.describe import describe, describe_run, run_info
+from ember.train.distributed import BatchPlan, Distributed, SilentRenderer, setup, wrap
 from ember.train.events import End, EndEpoch, ProcessedItem, Start
 from ember.train.guard import LossGuard
 from ember.train.interrupter import Interrupter
 from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.file import FileMetricLogger
 from ember.train.optimization import Optimization
-from ember.train.processor import MetricsProcessor
-from ember.train.describe import describe, describe_run, run_info
-from ember.train.distributed import BatchPlan, Distributed, SilentRenderer, setup, wrap
 from ember.train.position import Position, find_sampler, resume_logs, set_epoch
-from ember.train.signals import signal_handlers
+from ember.train.processor import MetricsProcessor
 from ember.train.run import RunLock, prepare_artifact_dir, remove_stale_temporaries
+from ember.train.signals import signal_handlers
 from ember.train.step import TrainOutput
 
 log = logging.getLogger("ember")
@@ -63,7 +63,9 @@ class Learner:
         self.application_log: bool = options["application_log"]
         self.summary: bool = options["summary"]
         self.early_stopping: Any = options["early_stopping"]
-        self.guard = LossGuard(options["nonfinite_loss"], self.device, last_checkpoint=self._last_checkpoint)
+        self.guard = LossGuard(
+            options["nonfinite_loss"], self.device, last_checkpoint=self._last_checkpoint
+        )
         self.on_checkpoint_error: str = options["on_checkpoint_error"]
         self.history: list[tuple[int, dict[str, dict[str, float]]]] = []
         self.epoch = 0
@@ -76,7 +78,11 @@ class Learner:
 
     # The loop ------------------------------------------------------------------
     def fit(
-        self, train: Iterable[Any], valid: Iterable[Any] | None = None, *, restore_best: bool = False
+        self,
+        train: Iterable[Any],
+        valid: Iterable[Any] | None = None,
+        *,
+        restore_best: bool = False,
     ) -> torch.nn.Module:
         """Train for the configured epochs and return the trained model (with
         `restore_best=True`, the weights of the best epoch kept by the checkpointing
@@ -93,10 +99,14 @@ class Learner:
             failed = False
             return model
         except BaseException as error:
-            waits = isinstance(error, Exception) and self.dist is not None and bool(self.dist.children)
+            waits = (
+                isinstance(error, Exception) and self.dist is not None and bool(self.dist.children)
+            )
             report = self.dist.failures(wait=5.0 if waits else 0.0) if self.dist is not None else ""
             if report:
-                raise TrainingError(f"Training stopped because another rank failed. {report}") from error
+                raise TrainingError(
+                    f"Training stopped because another rank failed. {report}"
+                ) from error
             raise
         finally:
             if lock is not None:
@@ -104,7 +114,9 @@ class Learner:
             if self.dist is not None:
                 self.dist.close(failed)
 
-    def _fit_locked(self, train: Iterable[Any], valid: Iterable[Any] | None, restore_best: bool) -> torch.nn.Module:
+    def _fit_locked(
+        self, train: Iterable[Any], valid: Iterable[Any] | None, restore_best: bool
+    ) -> torch.nn.Module:
         dist = self.dist
         main = dist is None or dist.main
         position = self._resume_position()
@@ -160,7 +172,9 @@ class Learner:
             self.epoch = epoch
             skip = start if epoch == start.epoch else Position(epoch)
             if not self._train_epoch(epoch, train, skip):
-                self._save_checkpoint(Position(epoch, self.iteration, self.items, False), self.processor.line_counts())
+                self._save_checkpoint(
+                    Position(epoch, self.iteration, self.items, False), self.processor.line_counts()
+                )
                 return f"stopped: {self.interrupter.message or 'stop requested on another rank'}"
             if valid is not None:
                 self._valid_epoch(epoch, valid)
@@ -171,23 +185,37 @@ class Learner:
 
     def _train_epoch(self, epoch: int, loader: Iterable[Any], start: Position) -> bool:
         """Train one epoch (from `start` when resuming mid-epoch); False if stopped."""
-        model, optim, guard, checkpointer, dist = self.model, self.optim, self.guard, self.checkpointer, self.dist
+        model, optim, guard, checkpointer, dist = (
+            self.model,
+            self.optim,
+            self.guard,
+            self.checkpointer,
+            self.dist,
+        )
         model.train()
         shard = (dist.rank, dist.world) if dist is not None else None
         total, skipped = set_epoch(loader, epoch, start.items, start.iteration, shard)
         plan = _plan(loader) if dist is not None else None
         self.processor.start_split("train", epoch, total, start.iteration + 1)
         if dist is None or dist.main:
-            resume_logs(self.processor, self.artifact_dir, epoch, start.iteration, self._resume_lines)
+            resume_logs(
+                self.processor, self.artifact_dir, epoch, start.iteration, self._resume_lines
+            )
         step = self._ddp if self._ddp is not None else model.train_step
         world = dist.world if dist is not None else 1
         iteration, self.items, stop = start.iteration, start.items, False
         with _join(self._ddp):
-            for group in _groups(loader, self.grads_accumulation, 0 if skipped else start.iteration):
+            for group in _groups(
+                loader, self.grads_accumulation, 0 if skipped else start.iteration
+            ):
                 lr = optim.begin_group()
                 sizes = [_batch_size(batch) for batch in group]
                 first = iteration - start.iteration  # this run's index of the group's first batch
-                group_items = sum(sizes) or len(group) if plan is None else plan.global_items(first, len(group))
+                group_items = (
+                    sum(sizes) or len(group)
+                    if plan is None
+                    else plan.global_items(first, len(group))
+                )
                 finite = True
                 for index, (batch, size) in enumerate(zip(group, sizes)):
                     iteration += 1
@@ -209,10 +237,18 @@ class Learner:
                     optim.step()
                 else:
                     optim.skip()
-                    log.warning("Skipped the optimizer step at epoch %d, iteration %d: non-finite loss.", epoch, iteration)
+                    log.warning(
+                        "Skipped the optimizer step at epoch %d, iteration %d: non-finite loss.",
+                        epoch,
+                        iteration,
+                    )
                 stop = self.interrupter.should_stop()
                 if plan is not None:  # every rank stops at the same step, while all have batches
-                    stop = dist.any(stop) if first + self.grads_accumulation <= plan.min_batches else False
+                    stop = (
+                        dist.any(stop)
+                        if first + self.grads_accumulation <= plan.min_batches
+                        else False
+                    )
                 if stop:
                     break
                 if checkpointer is not None and checkpointer.failed:
@@ -229,7 +265,9 @@ class Learner:
     def _valid_epoch(self, epoch: int, loader: Iterable[Any]) -> None:
         """Validate (eval mode, inference mode); a graceful stop waits for its end."""
         model, dist = self.model, self.dist
-        total, _ = set_epoch(loader, epoch, 0, 0, (dist.rank, dist.world) if dist is not None else None)
+        total, _ = set_epoch(
+            loader, epoch, 0, 0, (dist.rank, dist.world) if dist is not None else None
+        )
         self.processor.start_split("valid", epoch, total)
         model.eval()
         try:
@@ -279,13 +317,17 @@ class Learner:
             if not self.dist.main:
                 return
         state = {**self.optim.state_dict(), "learner": learner}
-        what = f"epoch {position.epoch}" + ("" if position.complete else f", iteration {position.iteration}")
+        what = f"epoch {position.epoch}" + (
+            "" if position.complete else f", iteration {position.iteration}"
+        )
 
         def saved(paths: list[Path]) -> None:
             log.info("Checkpoint of %s written: %s", what, ", ".join(p.name for p in paths))
 
         try:
-            self.checkpointer.save(position.epoch, self.model, self.optimizer, state, self.history, saved)
+            self.checkpointer.save(
+                position.epoch, self.model, self.optimizer, state, self.history, saved
+            )
             if not position.complete:
                 self.checkpointer.wait()
         except Exception as error:
@@ -312,12 +354,18 @@ class Learner:
 
     def _checkpoint_failed(self, error: Exception) -> None:
         kept = self.checkpointer.epochs() if self.checkpointer else []
-        last = f"the last complete checkpoint is epoch {kept[-1]}" if kept else "no complete checkpoint exists"
+        last = (
+            f"the last complete checkpoint is epoch {kept[-1]}"
+            if kept
+            else "no complete checkpoint exists"
+        )
         message = f"Writing a checkpoint failed ({type(error).__name__}: {error}); {last}."
         if self.on_checkpoint_error == "warn":
             log.error("%s Training goes on (on_checkpoint_error='warn').", message)
             return
-        raise TrainingError(message + " Free disk space or fix permissions, then resume with checkpoint('latest').") from error
+        raise TrainingError(
+            message + " Free disk space or fix permissions, then resume with checkpoint('latest')."
+        ) from error
 
     def _resume_position(self) -> Position:
         if self.resume_from is None or self.checkpointer is None:
@@ -343,7 +391,9 @@ class Learner:
             restore_rng_state(state["learner"]["rng"])
         self._resume_lines = state["learner"].get("log_lines")
         self.history = [(int(e), a) for e, a in state["learner"].get("history", [])]
-        where = f"epoch {saved_epoch}" + ("" if position.iteration == 0 else f", iteration {position.iteration}")
+        where = f"epoch {saved_epoch}" + (
+            "" if position.iteration == 0 else f", iteration {position.iteration}"
+        )
         log.info("Resumed from the checkpoint of %s.", where)
 
     def _restore_best(self) -> None:
@@ -359,7 +409,9 @@ class Learner:
         best = strategy.best_epoch(self.history)
         if best is not None:
             self.checkpointer.load(best, "model", self.model)
-            log.info("Restored the weights of epoch %d, best %s %s.", best, strategy.split, strategy.name)
+            log.info(
+                "Restored the weights of epoch %d, best %s %s.", best, strategy.split, strategy.name
+            )
 
     # Helpers -------------------------------------------------------------------
     def _prepare_distributed(self, train: Iterable[Any], valid: Iterable[Any] | None) -> Any:
@@ -376,12 +428,15 @@ class Learner:
                 )
         for split, entries in self.metrics.items():
             for metric, _ in entries:
-                if callable(getattr(metric, "epoch_value", None)) and not callable(getattr(metric, "merge_epoch_states", None)):
-                    if not getattr(metric, "syncs_itself", False):
-                        log.warning(
-                            "%s (%s) computes its epoch value from the whole epoch: under several "
-                            "processes it covers rank 0's share of the data only.", metric.name, split,
-                        )
+                whole_epoch = callable(getattr(metric, "epoch_value", None))
+                mergeable = callable(getattr(metric, "merge_epoch_states", None))
+                if whole_epoch and not mergeable and not getattr(metric, "syncs_itself", False):
+                    log.warning(
+                        "%s (%s) computes its epoch value from the whole epoch: under several "
+                        "processes it covers rank 0's share of the data only.",
+                        metric.name,
+                        split,
+                    )
         return wrap(self.model, self.dist)  # type: ignore[arg-type]
 
     def _preflight_valid(self, loader: Iterable[Any]) -> None:
@@ -394,7 +449,9 @@ class Learner:
             self.model.eval()
             with torch.inference_mode(), self.optim.autocast():
                 for batch in loader:
-                    item = _call_step(self.model.valid_step, to_device(batch, self.device), "valid_step", 0, 1)
+                    item = _call_step(
+                        self.model.valid_step, to_device(batch, self.device), "valid_step", 0, 1
+                    )
                     self.processor.check("valid", item)
                     break
         finally:
@@ -481,7 +538,10 @@ def _no_sync(ddp: Any, accumulate: bool) -> Any:
 
 
 def _find_metric_strategy(strategy: Any) -> Any:
-    from ember.train.checkpoint.strategy import ComposedCheckpointingStrategy, MetricCheckpointingStrategy
+    from ember.train.checkpoint.strategy import (
+        ComposedCheckpointingStrategy,
+        MetricCheckpointingStrategy,
+    )
 
     if isinstance(strategy, MetricCheckpointingStrategy):
         return strategy

@@ -26,13 +26,20 @@ class Position:
     fresh: bool = False
 
     def state(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "iteration": self.iteration, "items": self.items, "complete": self.complete}
+        return {
+            "epoch": self.epoch,
+            "iteration": self.iteration,
+            "items": self.items,
+            "complete": self.complete,
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any], num_epochs: int) -> Position:
         """The position to start from after the checkpointed `state`."""
         epoch, complete = int(state["epoch"]), bool(state["complete"])
-        start = cls(epoch + 1) if complete else cls(epoch, int(state["iteration"]), int(state["items"]))
+        start = (
+            cls(epoch + 1) if complete else cls(epoch, int(state["iteration"]), int(state["items"]))
+        )
         if start.epoch > num_epochs:
             raise TrainingError(
                 f"The checkpoint is at the end of epoch {epoch} and num_epochs is {num_epochs}: "

@@ -46,7 +46,9 @@ class MetricsProcessor:
         self._started = 0.0
         self._next_tick = 0.0
 
-    def start_split(self, split: str, epoch: int, num_iterations: int | None, first_iteration: int = 1) -> None:
+    def start_split(
+        self, split: str, epoch: int, num_iterations: int | None, first_iteration: int = 1
+    ) -> None:
         self._split = split
         self._epoch = epoch
         self._iteration = first_iteration - 1
@@ -166,7 +168,9 @@ class MetricsProcessor:
         the other processes' state on rank 0 before computing it."""
         for state in self.states.get(self._split, ()):
             metric = state.metric
-            if callable(getattr(metric, "epoch_state", None)) and callable(getattr(metric, "merge_epoch_states", None)):
+            if callable(getattr(metric, "epoch_state", None)) and callable(
+                getattr(metric, "merge_epoch_states", None)
+            ):
                 everyone = dist.all_gather(metric.epoch_state())
                 if dist.main:
                     metric.merge_epoch_states(everyone[1:])

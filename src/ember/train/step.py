@@ -9,8 +9,8 @@ import torch
 from ember.errors import TrainingError
 
 T = TypeVar("T")
-B = TypeVar("B", contravariant=True)
-O = TypeVar("O", covariant=True)
+BatchT = TypeVar("BatchT", contravariant=True)
+OutputT = TypeVar("OutputT", covariant=True)
 
 
 class TrainOutput(Generic[T]):
@@ -42,19 +42,17 @@ class TrainOutput(Generic[T]):
 
 
 @runtime_checkable
-class TrainStep(Protocol[B, O]):
+class TrainStep(Protocol[BatchT, OutputT]):
     """A model that can be trained: one batch in, a TrainOutput out (no backward call)."""
 
-    def train_step(self, batch: B) -> TrainOutput[O]:
-        ...
+    def train_step(self, batch: BatchT) -> TrainOutput[OutputT]: ...
 
 
 @runtime_checkable
-class ValidStep(Protocol[B, O]):
+class ValidStep(Protocol[BatchT, OutputT]):
     """A model that can be validated: called in eval mode under `torch.inference_mode()`."""
 
-    def valid_step(self, batch: B) -> O:
-        ...
+    def valid_step(self, batch: BatchT) -> OutputT: ...
 
 
 def check_steps(model: Any) -> None:

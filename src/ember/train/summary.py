@@ -34,7 +34,9 @@ def logged_epoch_values(directory: Path) -> dict[tuple[str, int, str], float]:
     return values
 
 
-def epoch_values(directory: str | os.PathLike[str]) -> dict[tuple[str, str], list[tuple[int, float]]]:
+def epoch_values(
+    directory: str | os.PathLike[str],
+) -> dict[tuple[str, str], list[tuple[int, float]]]:
     """Per (split, metric file name): the epoch values of a run, oldest first. A value
     the learner logged is used as is; otherwise the weighted mean of the log's lines."""
     root = Path(directory)
@@ -84,7 +86,9 @@ class LearnerSummary:
         for (split, name), values in series.items():
             low = min(values, key=lambda item: item[1])
             high = max(values, key=lambda item: item[1])
-            rows.append(MetricSummary(split, name.replace("_", " "), low[1], low[0], high[1], high[0]))
+            rows.append(
+                MetricSummary(split, name.replace("_", " "), low[1], low[0], high[1], high[0])
+            )
         if not rows:
             raise EmberError(
                 f"{root} holds no metric logs (expected train/epoch-N/<Metric>.log): "
@@ -93,7 +97,9 @@ class LearnerSummary:
         model, parameters = None, None
         log_path = root / "experiment.log"
         if log_path.exists():
-            for match in _PARAMETERS.finditer(log_path.read_text(encoding="utf-8", errors="replace")):
+            for match in _PARAMETERS.finditer(
+                log_path.read_text(encoding="utf-8", errors="replace")
+            ):
                 model, parameters = match.group(1), int(match.group(2).replace(",", ""))
         return cls(root, last_epoch, model, parameters, tuple(rows))
 
@@ -101,7 +107,14 @@ class LearnerSummary:
         """A plain-text table, for terminals and experiment.log alike."""
         header = ("Split", "Metric", "Min.", "Epoch", "Max.", "Epoch")
         body = [
-            (m.split, m.name, f"{m.minimum:.6g}", str(m.min_epoch), f"{m.maximum:.6g}", str(m.max_epoch))
+            (
+                m.split,
+                m.name,
+                f"{m.minimum:.6g}",
+                str(m.min_epoch),
+                f"{m.maximum:.6g}",
+                str(m.max_epoch),
+            )
             for m in self.metrics
         ]
         widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
@@ -110,7 +123,13 @@ class LearnerSummary:
             return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
 
         rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-        model = f"{self.model}, {self.num_parameters:,} parameters" if self.model else "model unknown"
-        lines = [f"Summary of {self.artifact_dir}: {self.epochs} epochs, {model}", line(header), rule]
+        model = (
+            f"{self.model}, {self.num_parameters:,} parameters" if self.model else "model unknown"
+        )
+        lines = [
+            f"Summary of {self.artifact_dir}: {self.epochs} epochs, {model}",
+            line(header),
+            rule,
+        ]
         lines += [line(row) for row in body]
         return "\n".join(lines)

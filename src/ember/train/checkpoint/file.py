@@ -63,7 +63,10 @@ class FileCheckpointer:
             self.directory.mkdir(parents=True, exist_ok=True)
             self.path("scheduler", epoch).unlink(missing_ok=True)  # incomplete until rewritten
             try:
-                written = [self.recorder.save(tree, self.path(part, epoch), kind=kind) for part, tree, kind in parts]
+                written = [
+                    self.recorder.save(tree, self.path(part, epoch), kind=kind)
+                    for part, tree, kind in parts
+                ]
             except BaseException:
                 self.delete(epoch)  # an incomplete set is useless: free its space
                 raise

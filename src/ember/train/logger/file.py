@@ -73,7 +73,7 @@ class FileMetricLogger:
             ) from error
 
     def end_epoch(self, split: str, epoch: int, aggregates: dict[str, float]) -> None:
-        for (file_epoch, name) in [key for key in self._files if key[0] == epoch]:
+        for file_epoch, name in [key for key in self._files if key[0] == epoch]:
             self._files.pop((file_epoch, name)).close()
 
     def close(self) -> None:

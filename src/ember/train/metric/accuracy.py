@@ -25,10 +25,8 @@ class AccuracyMetric:
         pad = self.pad_token if self.pad_token is not None else input.pad_token
         if output.dim() == 2 and output.shape[1] == 1:
             output = output[:, 0]
-        if output.dim() == 1:  # binary: probabilities of the positive class
-            predicted = (output > 0.5).to(targets.dtype)
-        else:
-            predicted = output.argmax(dim=-1)
+        binary = output.dim() == 1  # binary: probabilities of the positive class
+        predicted = (output > 0.5).to(targets.dtype) if binary else output.argmax(dim=-1)
         correct = predicted == targets
         if pad is None:
             # An exact count on the device; the percentage is taken on the host in float64.

@@ -100,15 +100,17 @@ class AurocMetric:
     def clear(self) -> None:
         self._scores, self._positive, self._valid = [], [], []
 
-    def epoch_state(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
+    def epoch_state(
+        self,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
         """This process's scores (exchanged when training on several processes)."""
-        cpu = lambda items: [None if t is None else t.cpu() for t in items]  # noqa: E731
+        cpu = lambda items: [None if t is None else t.cpu() for t in items]
         return cpu(self._scores), cpu(self._positive), cpu(self._valid)
 
     def merge_epoch_states(self, states: list[Any]) -> None:
         """Add other processes' scores, so `epoch_value` covers every sample."""
         device = self._scores[0].device if self._scores else torch.device("cpu")
-        move = lambda items: [None if t is None else t.to(device) for t in items]  # noqa: E731
+        move = lambda items: [None if t is None else t.to(device) for t in items]
         for scores, positive, valid in states:
             self._scores += move(scores)
             self._positive += move(positive)
@@ -143,8 +145,7 @@ class AurocMetric:
             positive = targets.unsqueeze(-1) == classes
         else:
             raise TrainingError(
-                f"{self.name} needs scores [N], [N, 1] or [N, C]; got shape "
-                f"{tuple(output.shape)}."
+                f"{self.name} needs scores [N], [N, 1] or [N, C]; got shape {tuple(output.shape)}."
             )
         if valid is not None:
             positive = positive & valid.unsqueeze(-1)

@@ -45,10 +45,18 @@ class MetricValue:
 
     def resolve(self) -> tuple[float | str, float]:
         """`(value * scale, weight)` as host numbers (syncs; for hand-written loops and tests)."""
-        weight = float(self.weight.item()) if isinstance(self.weight, torch.Tensor) else float(self.weight)
+        weight = (
+            float(self.weight.item())
+            if isinstance(self.weight, torch.Tensor)
+            else float(self.weight)
+        )
         if isinstance(self.value, str):
             return self.value, weight
-        value = float(self.value.double().item()) if isinstance(self.value, torch.Tensor) else float(self.value)
+        value = (
+            float(self.value.double().item())
+            if isinstance(self.value, torch.Tensor)
+            else float(self.value)
+        )
         return value * self.scale, weight
 
 

@@ -101,12 +101,8 @@ class _ConfusionMetric:
                 continue
             if self._total is None:
                 self._total = counts
-            elif counts.shape == self._total.shape:
+            else:  # every process has the same classes (the output's width)
                 self._total = self._total + counts.to(self._total.device)
-            else:  # a class seen only elsewhere: pad the shorter count table
-                size = max(counts.shape[-1], self._total.shape[-1])
-                pad = lambda t: torch.nn.functional.pad(t, (0, size - t.shape[-1]))  # noqa: E731
-                self._total = pad(self._total) + pad(counts.to(self._total.device))
 
     # -- scoring ------------------------------------------------------------------
     def _ratio(

@@ -45,11 +45,15 @@ def tick(value: float) -> str:
 
 
 def _y_range(low: float, high: float) -> tuple[float, float]:
+    """The shown range: the data with 5 % to spare, not below 0 for data that is not."""
     if high - low <= abs(high) * 1e-9 + 1e-12:
         pad = abs(high) * 0.05 or 1.0
-        return low - pad, high + pad
-    pad = (high - low) * 0.05
-    return low - pad, high + pad
+    else:
+        pad = (high - low) * 0.05
+    bottom = low - pad
+    if low >= 0 > bottom:
+        bottom = 0.0
+    return bottom, high + pad
 
 
 def blank(width: int, height: int, message: str = "") -> list[Line]:
@@ -80,16 +84,16 @@ def x_axis(
     cells = [" "] * plot
     x0, x1 = x_range
     span = (x1 - x0) or 1.0
-    taken = -1
+    free = 0  # the first cell a label may use (one blank after the previous label)
     for x, label in ticks:
         if not x0 <= x <= x1 or len(label) > plot:
             continue
         centre = int((x - x0) / span * (plot - 1) + 0.5)
         begin = max(0, min(plot - len(label), centre - len(label) // 2))
-        if begin <= taken + 1:
+        if begin < free:
             continue
         cells[begin : begin + len(label)] = list(label)
-        taken = begin + len(label)
+        free = begin + len(label) + 1
     text = "".join(cells)
     if caption and len(caption) + 2 <= plot and not text[plot - len(caption) - 1 :].strip():
         text = text[: plot - len(caption) - 1] + " " + caption
@@ -206,7 +210,9 @@ def bar_chart(
     bar_w = max(1, min(6, (plot_w // max(len(groups), 1) - gap) // per_group))
     group_w = bar_w * per_group + gap
     shown = list(groups)[-max(1, plot_w // group_w) :]
-    values = [v for _, bars in shown for v, _ in bars if v is not None and math.isfinite(v)] or values
+    values = [
+        v for _, bars in shown for v, _ in bars if v is not None and math.isfinite(v)
+    ] or values
     low, high = min(values), max(values)
     base = 0.0 if low >= 0 else low
     if high <= base:
@@ -230,9 +236,9 @@ def bar_chart(
     fill = np.clip(levels[None, :] - floors, 0, 8)
     rows = _runs(_BLOCKS[fill], np.broadcast_to(owners, fill.shape), styles)
     lines = [[(label, AXIS_STYLE), *row] for label, row in zip(labels, rows)]
-    axis = "".join(
-        label[: group_w - 1].center(group_w - gap).ljust(group_w) for label, _ in shown
-    )[:plot_w].ljust(plot_w)
+    axis = "".join(label[: group_w - 1].center(group_w - gap).ljust(group_w) for label, _ in shown)[
+        :plot_w
+    ].ljust(plot_w)
     if caption and len(caption) + 2 <= plot_w and not axis[plot_w - len(caption) - 1 :].strip():
         axis = axis[: plot_w - len(caption) - 1] + " " + caption
     lines.append([(" " * LABEL_WIDTH + axis, AXIS_STYLE)])

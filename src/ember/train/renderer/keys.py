@@ -67,7 +67,8 @@ class KeyReader:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> bool:
-        """Enter cbreak mode and start reading; False (and nothing changed) if not a terminal."""
+        """Enter cbreak mode and start reading; False (and nothing changed) if stdin is not
+        a terminal or this process runs in the background."""
         if not stdin_is_terminal(self._stream):
             return False
         import termios
@@ -75,6 +76,8 @@ class KeyReader:
 
         try:
             fd = self._stream.fileno()
+            if os.tcgetpgrp(fd) != os.getpgrp():
+                return False  # a background job: touching the terminal would stop it
             self._saved = termios.tcgetattr(fd)
             tty.setcbreak(fd, termios.TCSANOW)
         except (OSError, termios.error, ValueError):

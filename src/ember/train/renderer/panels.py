@@ -139,35 +139,49 @@ def _metric_rows(snapshot: Snapshot) -> list[tuple[str, str, dict[str, MetricVie
         order.setdefault(view.name, {})[view.split] = view
         units.setdefault(view.name, view.unit)
     if not order:
-        for split, name, unit, _ in snapshot.info.metrics:
+        for _, name, unit, _ in snapshot.info.metrics:
             order.setdefault(name, {})
             units.setdefault(name, unit)
     return [(name, units[name], splits) for name, splits in order.items()]
 
 
+METRIC_COLUMNS = (("train", "last"), ("train", "epoch"), ("valid", "last"), ("valid", "epoch"))
+_COLUMN_PRIORITY = (("train", "last"), ("valid", "last"), ("train", "epoch"), ("valid", "epoch"))
+CELL = 12
+
+
 def metrics_panel(snapshot: Snapshot, rows: list, width: int, height: int) -> list[Line]:
+    """Each metric's last value and epoch value per split; on a narrow terminal the
+    columns that do not fit are left out (values are never cut)."""
     inner = width - 4
-    cell = max(6, min(13, (inner - 12) // 4))
-    name_w = max(4, inner - 4 * cell)
-    body: list[Line] = [[("  " + "metric".ljust(name_w - 2)[: name_w - 2], "bold")]]
-    for split in ("train", "valid"):
-        body[0] += [(f"{split} last".rjust(cell), "bold"), (f"{split} epoch".rjust(cell), "bold")]
+    fits = max(0, min(4, (inner - 12) // CELL))
+    chosen = set(_COLUMN_PRIORITY[:fits])
+    columns = [column for column in METRIC_COLUMNS if column in chosen]
+    name_w = inner - CELL * len(columns)
+    body: list[Line] = [[(set_cell_size("  metric", name_w), "bold")]]
+    body[0] += [(f"{split} {kind}".rjust(CELL), "bold") for split, kind in columns]
     current = snapshot.progress.split if snapshot.progress else None
     for name, unit, splits in rows:
         selected = name == snapshot.selected
-        label = set_cell_size(("▸ " if selected else "  ") + name, name_w)
-        line: Line = [(label, "bold" if selected else "")]
-        for split in ("train", "valid"):
+        line: Line = [
+            (set_cell_size(("▸ " if selected else "  ") + name, name_w), "bold" if selected else "")
+        ]
+        for split, kind in columns:
             view = splits.get(split)
-            if view is None:
-                line.append((" " * (2 * cell), ""))
-                continue
-            epoch = snapshot.last_epoch_values.get((split, name))
-            if epoch is None or (split == current and snapshot.reason is None):
-                epoch = view.epoch_value
-            for value in (view.last, epoch):
-                text = format_number(value, unit)
-                line.append((text[-cell:].rjust(cell), SPLIT_STYLES[split]))
+            value: float | str | None = None
+            if view is not None and kind == "last":
+                value = view.last
+            elif view is not None:
+                value = snapshot.last_epoch_values.get((split, name))
+                if value is None or (split == current and snapshot.reason is None):
+                    value = view.epoch_value
+            text = format_number(value, unit) if view is not None else ""
+            line.append(
+                (
+                    " " + text.rjust(CELL - 1) if len(text) < CELL else " " + text,
+                    SPLIT_STYLES[split],
+                )
+            )
         body.append(line)
     if not rows:
         body.append([("  no metric registered", LABEL)])
@@ -210,7 +224,10 @@ def plot_panel(snapshot: Snapshot, width: int, height: int) -> list[Line]:
         body = blank(inner_w, inner_h, "no numeric metric to plot (metric_train_numeric)")
     else:
         unit = snapshot.units.get(name, "")
-        title = [(f"{name}{f' ({unit})' if unit else ''}", "bold"), (f" · {view_title(snapshot)}", "")]
+        title = [
+            (f"{name}{f' ({unit})' if unit else ''}", "bold"),
+            (f" · {view_title(snapshot)}", ""),
+        ]
         chart_h = inner_h - 1
         if snapshot.view == "epochs":
             chart = _epochs_chart(snapshot, inner_w, chart_h)
@@ -284,7 +301,9 @@ def _epochs_chart(snapshot: Snapshot, width: int, height: int) -> list[Line]:
                 running[view.split] = view.epoch_value
         if running and progress.epoch not in epochs:
             epochs.append(progress.epoch)
-    splits = [s for s in ("train", "valid") if s in values or s in running or s in snapshot.histories]
+    splits = [
+        s for s in ("train", "valid") if s in values or s in running or s in snapshot.histories
+    ]
     groups = []
     for epoch in epochs:
         bars: list[tuple[float | None, str]] = []

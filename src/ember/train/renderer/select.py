@@ -1,4 +1,4 @@
-"""Choosing a renderer for where the output goes: the dashboard on a terminal, plain lines elsewhere."""
+"""Choosing a renderer for where output goes: the dashboard on a terminal, plain lines elsewhere."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from ember.train.renderer.base import Renderer
 _OFF = ("", "0", "false", "no", "off")
 
 
-def wants_dashboard(stream: IO[str] | None = None, environ: Mapping[str, str] | None = None) -> bool:
+def wants_dashboard(
+    stream: IO[str] | None = None, environ: Mapping[str, str] | None = None
+) -> bool:
     """True when `stream` (default stdout) is a terminal that takes UTF-8, `CI` is not set
     and `TERM` is not `dumb`."""
     stream = stream if stream is not None else sys.stdout

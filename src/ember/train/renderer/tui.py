@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from rich import get_console
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
 from rich.live_render import LiveRender
@@ -122,6 +123,10 @@ class TuiRenderer:
         self.render_budget = float(render_budget)
         """The largest share of one CPU the drawing thread may use; frames are spaced to fit."""
         self._persistent = False
+        self._reset()
+
+    def _reset(self) -> None:
+        """A fresh state for one run (a renderer may serve several `fit` calls in turn)."""
         self._lock = threading.Lock()
         self._shutdown_lock = threading.RLock()
         self._started = False
@@ -167,14 +172,19 @@ class TuiRenderer:
 
     # Renderer protocol ----------------------------------------------------------
     def start(self, info: RunInfo) -> None:
+        """Take over the terminal: start the live display, the drawing and key threads."""
+        if self._started:
+            self._shutdown()
+            self._reset()
         self._info = info
         self._started_at = time.monotonic()
-        for split, name, unit, numeric in info.metrics:
+        for _, name, unit, numeric in info.metrics:
             self._units.setdefault(name, unit)
             if numeric and name not in self._names:
                 self._names.append(name)
         self._selected = self._names[0] if self._names else None
-        console = self.console if self.console is not None else Console()
+        # rich's shared console: rich.print and RichHandler output then show above the dashboard.
+        console = self.console if self.console is not None else get_console()
         self.console = console
         before = sys.stdout, sys.stderr
         self._live = Live(
@@ -201,12 +211,15 @@ class TuiRenderer:
                 reader = KeyReader(self.press)
                 if reader.start():
                     self._reader = reader
-            self._drawer = threading.Thread(target=self._draw_loop, name="ember-dashboard", daemon=True)
+            self._drawer = threading.Thread(
+                target=self._draw_loop, name="ember-dashboard", daemon=True
+            )
             self._drawer.start()
 
     def update(
         self, progress: Progress, metrics: Sequence[MetricView], records: Sequence[MetricRecord]
     ) -> None:
+        """Keep the new values for the next frame (called on the training thread)."""
         with self._lock:
             self._progress = progress
             self._views = tuple(metrics)
@@ -215,11 +228,14 @@ class TuiRenderer:
             self._version += 1
 
     def end_split(self, progress: Progress, metrics: Sequence[MetricView]) -> None:
+        """Record the split's epoch values (and the values logged after the last tick)."""
         tails = self._missing_tails(progress)
         with self._lock:
             for name, values in tails.items():
                 self._history(progress.split, name).extend(
-                    progress.epoch, progress.num_iterations, values,
+                    progress.epoch,
+                    progress.num_iterations,
+                    values,
                     progress.iteration - len(values) + 1,
                 )
             self._progress = progress
@@ -232,6 +248,7 @@ class TuiRenderer:
             self._version += 1
 
     def end(self, reason: str) -> None:
+        """Draw the last frame and give the terminal back (after a key press if persistent)."""
         if not self._started:
             return
         with self._lock:
@@ -281,7 +298,9 @@ class TuiRenderer:
                 if self._reason is None:
                     self._prompt = True
             elif key in ("left", "right"):
-                self._selected = select_metric(self._names, self._selected, 1 if key == "right" else -1)
+                self._selected = select_metric(
+                    self._names, self._selected, 1 if key == "right" else -1
+                )
             elif key in ("up", "down"):
                 index = VIEWS.index(self._view) + (1 if key == "down" else -1)
                 self._view = VIEWS[index % len(VIEWS)]
@@ -349,7 +368,9 @@ class TuiRenderer:
         info = self._info
         if info is None or not progress.iteration:
             return {}
-        names = {name for split, name, _, numeric in info.metrics if split == progress.split and numeric}
+        names = {
+            name for split, name, _, numeric in info.metrics if split == progress.split and numeric
+        }
         names.update(name for split, name in self._histories if split == progress.split)
         tails = {}
         for name in names:
@@ -376,7 +397,9 @@ class TuiRenderer:
                 values = self._epoch_values.get((split, name)) if name is not None else None
                 if values:
                     epochs[split] = dict(values)
-            last = {key: values[max(values)] for key, values in self._epoch_values.items() if values}
+            last = {
+                key: values[max(values)] for key, values in self._epoch_values.items() if values
+            }
             end = self._ended_at if self._ended_at is not None else time.monotonic()
             elapsed = end - self._started_at
             fraction = self._fraction()
@@ -503,7 +526,9 @@ class TuiRenderer:
         targets = {id(stdout): sys.stdout, id(sys.__stdout__): sys.stdout}
         targets.update({id(stderr): sys.stderr, id(sys.__stderr__): sys.stderr})
         loggers = [logging.getLogger()] + [
-            item for item in logging.Logger.manager.loggerDict.values() if isinstance(item, logging.Logger)
+            item
+            for item in logging.Logger.manager.loggerDict.values()
+            if isinstance(item, logging.Logger)
         ]
         for logger in loggers:
             for handler in list(logger.handlers):
