@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv data demo test test-fast test-cuda docs bench clean
+.PHONY: venv data tmux demo test test-fast test-cuda check docs bench clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,14 +24,23 @@ demo: venv data
 	$(PY) examples/mnist/training.py $(ARGS)
 	$(PY) examples/mnist/inference.py
 
-test: venv data
+test: venv data tmux
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+tmux:
+	@command -v tmux >/dev/null || (apt-get update -qq && apt-get install -y -qq tmux) || \
+		(echo "tmux is needed by the dashboard tests: install it (apt-get install tmux)" && exit 1)
 
 test-fast: venv data
 	$(PY) -m pytest -m "not slow and not cuda" $(PYTEST_ARGS)
 
 test-cuda: venv data
 	$(PY) -m pytest -m cuda $(PYTEST_ARGS)
+
+check: venv
+	$(PY) -m ruff check src tests examples bench
+	$(PY) -m ruff format --check src tests examples bench
+	$(PY) -m mypy
 
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site

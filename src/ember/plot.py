@@ -7,6 +7,7 @@ valid epoch values). Needs matplotlib (`pip install ember[plot]`), imported only
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from dataclasses import dataclass, field
@@ -144,7 +145,7 @@ def plot_iterations(metric: MetricLogs, path: Path) -> Path:
             ax.axvline(first - 0.5, color="grey", linewidth=0.8, linestyle=":", alpha=0.8)
         if len(starts) > 1:
             bounds = [first - 0.5 for _, first in starts] + [len(xs) + 0.5]
-            centres = [(a + b) / 2 for a, b in zip(bounds, bounds[1:])]
+            centres = [(a + b) / 2 for a, b in itertools.pairwise(bounds)]
             step = max(1, math.ceil(len(starts) / 20))
             secondary = ax.secondary_xaxis("top")
             secondary.set_xticks(centres[::step], [str(e) for e, _ in starts][::step])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import math
 import re
 import sys
@@ -47,7 +48,7 @@ def test_history_stays_bounded_and_keeps_the_mean():
     x, y = view.arrays()
     assert math.isclose(sum(history.sums) / sum(history.counts), 50.5)
     assert list(view.recent) == [96.0, 97.0, 98.0, 99.0, 100.0]
-    assert all(0 < a < b <= 1.0 for a, b in zip(x, x[1:]))  # epoch 1 spans (0, 1]
+    assert all(0 < a < b <= 1.0 for a, b in itertools.pairwise(x))  # epoch 1 spans (0, 1]
     assert y[0] < y[-1]
 
 
@@ -224,7 +225,7 @@ def test_a_run_in_a_fake_terminal_draws_every_panel(tmp_path):
     ):
         assert part in out.getvalue(), part
     assert "train last" in final and "valid epoch" in final
-    assert sys.stdout is not None and not type(sys.stdout).__name__ == "FileProxy"
+    assert sys.stdout is not None and type(sys.stdout).__name__ != "FileProxy"
 
 
 def test_keys_switch_the_chart_and_s_stops_the_run(tmp_path):

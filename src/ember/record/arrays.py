@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,7 +76,7 @@ def tensor_to_bytes(tensor: torch.Tensor) -> tuple[str, list[int], memoryview]:
     array = t.numpy()
     if not _LITTLE and array.dtype.itemsize > 1:
         array = array.astype(array.dtype.newbyteorder("<"))
-    return name, list(tensor.shape), memoryview(array.reshape(-1).view(np.uint8))
+    return name, list(tensor.shape), memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
 def tensor_from_bytes(name: object, shape: object, data: bytes | memoryview) -> torch.Tensor:
@@ -125,7 +126,7 @@ def expected_nbytes(dims: list[int], itemsize: int) -> int:
     return math.prod(dims) * itemsize
 
 
-def shuffle_bytes(data: bytes | memoryview, itemsize: int) -> bytes | memoryview:
+def shuffle_bytes(data: Any, itemsize: int) -> Any:
     """Regroup bytes by significance (all first bytes, then all second bytes...) to help gzip."""
     if itemsize <= 1 or len(data) == 0:
         return data
@@ -133,7 +134,7 @@ def shuffle_bytes(data: bytes | memoryview, itemsize: int) -> bytes | memoryview
     planes = np.empty((itemsize, items.shape[0]), dtype=np.uint8)
     for i in range(itemsize):  # one strided copy per byte plane: far faster than a transpose
         planes[i] = items[:, i]
-    return memoryview(planes.reshape(-1))
+    return memoryview(planes.reshape(-1))  # type: ignore[arg-type]
 
 
 def unshuffle_bytes(data: bytes | memoryview, itemsize: int) -> bytes | memoryview:
@@ -146,7 +147,7 @@ def unshuffle_bytes(data: bytes | memoryview, itemsize: int) -> bytes | memoryvi
     items = np.empty((planes.shape[1], itemsize), dtype=np.uint8)
     for i in range(itemsize):
         items[:, i] = planes[i]
-    return memoryview(items.reshape(-1))
+    return memoryview(items.reshape(-1))  # type: ignore[arg-type]
 
 
 def _tensor_dtype(name: object) -> tuple[torch.dtype, np.dtype]:

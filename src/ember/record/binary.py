@@ -57,7 +57,7 @@ def _align(n: int) -> int:
 
 def _encode(header: Header, tree: Any, options: EncodeOptions) -> bytes:
     table: list[list[Any]] = []
-    chunks: list[bytes] = []
+    chunks: list[Any] = []
     offset = 0
 
     def add_tensor(tensor: torch.Tensor, path: KeyPath) -> int:
@@ -125,7 +125,7 @@ def _decode(data: bytes) -> Record:
         itemsize = tensor_itemsize(name)
         if nbytes != expected_nbytes(check_shape(shape), itemsize):
             raise RecordProblem(f"tensor {index} has a byte length that does not fit its shape")
-        chunk = section[start : start + nbytes]
+        chunk: Any = section[start : start + nbytes]
         if shuffled is True:
             chunk = unshuffle_bytes(chunk, itemsize)
         return tensor_from_bytes(name, shape, chunk)

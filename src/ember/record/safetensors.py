@@ -76,7 +76,7 @@ def _library() -> Any:
 def _raw_view(tensor: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, without copying."""
     t = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
-    return memoryview(t.contiguous().numpy().reshape(-1).view(np.uint8))
+    return memoryview(t.contiguous().numpy().reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
 def _encode(header: Header, tree: Any, options: EncodeOptions) -> bytes:

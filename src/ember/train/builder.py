@@ -49,7 +49,7 @@ class LearnerBuilder:
         self._num_epochs = 1
         self._devices: list[torch.device] | None = None
         self._timeout = 300.0
-        self._checkpoint: int | None = None
+        self._checkpoint: int | str | None = None
         self._interrupter = Interrupter()
         self._listeners: list[Any] = []
         self._application_log: bool = True
@@ -111,11 +111,12 @@ class LearnerBuilder:
                         f"{type(logger).__name__} is not a metric logger: it needs "
                         "log(split, epoch, records), end_epoch(split, epoch, aggregates), close()."
                     )
-            self._loggers[split].extend(loggers)
+            self._loggers[split].extend(loggers)  # type: ignore[arg-type]
         return self
 
     def renderer(self, renderer: Any) -> LearnerBuilder:
-        """How progress is shown (default: plain text lines)."""
+        """How progress is shown (default: the live dashboard on a terminal, plain text
+        lines otherwise: when output is piped, `CI` is set or `TERM=dumb`)."""
         self._renderer = renderer
         return self
 
@@ -269,7 +270,7 @@ class LearnerBuilder:
                 self._artifact_dir / "checkpoint", self._recorder, self._retention()
             )
         self._check_resume(checkpointer)
-        from ember.train.renderer.plain import PlainRenderer
+        from ember.train.renderer.select import default_renderer
 
         return Learner(
             model=model,
@@ -282,7 +283,7 @@ class LearnerBuilder:
             num_epochs=self._num_epochs,
             metrics=self._metrics,
             loggers=self._loggers,
-            renderer=self._renderer if self._renderer is not None else PlainRenderer(),
+            renderer=self._renderer if self._renderer is not None else default_renderer(),
             grads_accumulation=self._grads_accumulation,
             checkpointer=checkpointer,
             resume_from=self._checkpoint,

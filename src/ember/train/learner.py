@@ -243,7 +243,9 @@ class Learner:
                         iteration,
                     )
                 stop = self.interrupter.should_stop()
-                if plan is not None:  # every rank stops at the same step, while all have batches
+                if (
+                    plan is not None and dist is not None
+                ):  # all ranks stop at one step, while all have batches
                     stop = (
                         dist.any(stop)
                         if first + self.grads_accumulation <= plan.min_batches
@@ -378,7 +380,7 @@ class Learner:
 
     def _restore(self, position: Position) -> None:
         state = getattr(self, "_resume_state", None)
-        if state is None:
+        if state is None or self.checkpointer is None:
             return
         saved_epoch = int(state["learner"]["epoch"])
         self.checkpointer.load(saved_epoch, "model", self.model)

@@ -8,7 +8,7 @@ the renderer. The loop never waits on an accelerator for a metric.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -25,7 +25,7 @@ class MetricsProcessor:
     def __init__(
         self,
         metrics: dict[str, list[tuple[Any, bool]]],
-        loggers: dict[str, Sequence[MetricLogger]],
+        loggers: Mapping[str, Sequence[MetricLogger]],
         renderer: Renderer | None,
         num_epochs: int,
         tick: float = 0.1,
@@ -209,5 +209,6 @@ class MetricsProcessor:
         for logger in self.loggers.get(self._split, ()):
             logger.end_epoch(self._split, self._epoch, aggregates)
         if self.renderer is not None:
+            self.renderer.update(self.progress(), self.views(), records)
             self.renderer.end_split(self.progress(), self.views(final=aggregates))
         return aggregates

@@ -10,7 +10,8 @@ from ember.errors import TrainingError
 
 T = TypeVar("T")
 BatchT = TypeVar("BatchT", contravariant=True)
-OutputT = TypeVar("OutputT", covariant=True)
+OutputT = TypeVar("OutputT")
+ValidT = TypeVar("ValidT", covariant=True)
 
 
 class TrainOutput(Generic[T]):
@@ -49,10 +50,10 @@ class TrainStep(Protocol[BatchT, OutputT]):
 
 
 @runtime_checkable
-class ValidStep(Protocol[BatchT, OutputT]):
+class ValidStep(Protocol[BatchT, ValidT]):
     """A model that can be validated: called in eval mode under `torch.inference_mode()`."""
 
-    def valid_step(self, batch: BatchT) -> OutputT: ...
+    def valid_step(self, batch: BatchT) -> ValidT: ...
 
 
 def check_steps(model: Any) -> None:

@@ -100,21 +100,21 @@ class AurocMetric:
     def clear(self) -> None:
         self._scores, self._positive, self._valid = [], [], []
 
-    def epoch_state(
-        self,
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
+    def epoch_state(self) -> tuple[list[Any], list[Any], list[Any]]:
         """This process's scores (exchanged when training on several processes)."""
-        cpu = lambda items: [None if t is None else t.cpu() for t in items]
-        return cpu(self._scores), cpu(self._positive), cpu(self._valid)
+        return (
+            _moved(self._scores, "cpu"),
+            _moved(self._positive, "cpu"),
+            _moved(self._valid, "cpu"),
+        )
 
     def merge_epoch_states(self, states: list[Any]) -> None:
         """Add other processes' scores, so `epoch_value` covers every sample."""
         device = self._scores[0].device if self._scores else torch.device("cpu")
-        move = lambda items: [None if t is None else t.to(device) for t in items]
         for scores, positive, valid in states:
-            self._scores += move(scores)
-            self._positive += move(positive)
-            self._valid += move(valid)
+            self._scores += _moved(scores, device)
+            self._positive += _moved(positive, device)
+            self._valid += _moved(valid, device)
 
     def _columns(
         self, input: ScoresInput
@@ -150,3 +150,8 @@ class AurocMetric:
         if valid is not None:
             positive = positive & valid.unsqueeze(-1)
         return scores, positive, valid
+
+
+def _moved(tensors: list[Any], device: Any) -> list[Any]:
+    """The same list with every tensor on `device` (None entries kept)."""
+    return [None if t is None else t.to(device) for t in tensors]

@@ -73,7 +73,7 @@ class _ConfusionMetric:
         self, input: ClassificationInput | MultiLabelInput, meta: MetricMetadata
     ) -> MetricValue:
         if self.mode == "multilabel":
-            counts, weight = self._multilabel_counts(input)
+            counts, weight = self._multilabel_counts(input)  # type: ignore[arg-type]
         elif self.mode == "multiclass":
             counts, weight = self._multiclass_counts(input)  # type: ignore[arg-type]
         else:

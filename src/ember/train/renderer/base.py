@@ -57,8 +57,7 @@ class MetricView:
 class Renderer(Protocol):
     """Receives progress at render ticks (at most ~10 per second) and epoch results."""
 
-    def start(self, info: RunInfo) -> None:
-        ...
+    def start(self, info: RunInfo) -> None: ...
 
     def update(
         self, progress: Progress, metrics: Sequence[MetricView], records: Sequence[MetricRecord]

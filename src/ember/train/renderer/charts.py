@@ -184,8 +184,8 @@ def line_chart(
         owners[cell_y, cell_x] = index
     codepoints = np.where(bits > 0, bits + 0x2800, 0x20)
     labels = _labels(plot_h, low, high)
-    rows = _runs(codepoints, owners, [curve.style for curve in series])
-    lines = [[(label, AXIS_STYLE), *row] for label, row in zip(labels, rows)]
+    runs = _runs(codepoints, owners, [curve.style for curve in series])
+    lines = [[(label, AXIS_STYLE), *run] for label, run in zip(labels, runs)]
     lines.append(x_axis(width, x_range, ticks, caption))
     return lines
 

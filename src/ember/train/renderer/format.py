@@ -27,7 +27,7 @@ def format_duration(seconds: float) -> str:
     """`h:mm:ss` or `m:ss`."""
     if not math.isfinite(seconds) or seconds < 0:
         return "-"
-    total = int(round(seconds))
+    total = round(seconds)
     hours, rest = divmod(total, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"

@@ -68,7 +68,7 @@ class History:
     the run grows), the epoch boundaries, and the last `recent` raw values. Appends are
     amortised O(1); memory stays bounded however long the run."""
 
-    __slots__ = ("capacity", "size", "sums", "counts", "raw", "epochs", "count", "recent")
+    __slots__ = ("capacity", "count", "counts", "epochs", "raw", "recent", "size", "sums")
 
     def __init__(self, capacity: int = 512, recent: int = 300) -> None:
         if capacity < 2 or capacity % 2:

@@ -317,7 +317,7 @@ def _epochs_chart(snapshot: Snapshot, width: int, height: int) -> list[Line]:
 
 
 def _bar(fraction: float, width: int, style: str) -> Line:
-    done = int(round(min(1.0, max(0.0, fraction)) * width))
+    done = round(min(1.0, max(0.0, fraction)) * width)
     return [("━" * done, style), ("━" * (width - done), "grey23")]
 
 

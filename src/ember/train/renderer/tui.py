@@ -86,8 +86,11 @@ class _FrameRender(LiveRender):
         frame = self.renderable
         if isinstance(frame, Group) and len(frame.renderables) == 1:
             frame = frame.renderables[0]
-        lines = frame.lines if isinstance(frame, _Frame) else None
-        if not lines or len(lines) > options.size.height or frame.width > options.max_width:
+        if not isinstance(frame, _Frame) or not frame.lines:
+            yield from super().__rich_console__(console, options)
+            return
+        lines = frame.lines
+        if len(lines) > options.size.height or frame.width > options.max_width:
             yield from super().__rich_console__(console, options)
             return
         self._shape = (frame.width, len(lines))
