@@ -39,6 +39,9 @@ def first_dim(batch: Any) -> int | None:
     """The leading size of the first tensor found in `batch` (its batch size), if any."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() > 0 else None
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
+        first = batch[0]
+        return int(first.shape[0]) if first.dim() > 0 else None
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         values: Any = (getattr(batch, field.name) for field in dataclasses.fields(batch))
     elif isinstance(batch, (tuple, list)):

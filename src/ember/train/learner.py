@@ -534,9 +534,12 @@ def _join(ddp: Any) -> Any:
     return Join([ddp])
 
 
+_NULL = contextlib.nullcontext()
+
+
 def _no_sync(ddp: Any, accumulate: bool) -> Any:
     """Skip DDP's gradient reduction on all but the last batch of a group."""
-    return ddp.no_sync() if ddp is not None and accumulate else contextlib.nullcontext()
+    return ddp.no_sync() if ddp is not None and accumulate else _NULL
 
 
 def _find_metric_strategy(strategy: Any) -> Any:

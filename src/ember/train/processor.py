@@ -73,10 +73,14 @@ class MetricsProcessor:
             meta = MetricMetadata(
                 self._split, self._epoch, self.num_epochs, iteration, self._num_iterations, lr
             )
-            with torch.no_grad():
+            grad = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(False)  # metric updates never build a graph
+            try:
                 for state in states:
                     value = state.metric.update(adapt(item, state.input_type, state.name), meta)
                     state.pending.append((iteration, value))
+            finally:
+                torch._C._set_grad_enabled(grad)
         if time.monotonic() >= self._next_tick:
             self.flush()
 

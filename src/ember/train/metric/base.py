@@ -9,17 +9,15 @@ the metric defines `epoch_value()` (e.g. AUROC, which needs the whole epoch).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol, Union, runtime_checkable
+from typing import Any, NamedTuple, Protocol, Union, runtime_checkable
 
 import torch
 
 Number = Union[torch.Tensor, float, int]
 
 
-@dataclass(frozen=True)
-class MetricMetadata:
-    """Where the loop stands when a metric is updated."""
+class MetricMetadata(NamedTuple):
+    """Where the loop stands when a metric is updated (a tuple: made every iteration)."""
 
     split: str
     epoch: int
@@ -29,14 +27,14 @@ class MetricMetadata:
     lr: float | None
 
 
-@dataclass(frozen=True)
-class MetricValue:
+class MetricValue(NamedTuple):
     """One iteration's value and its weight in the epoch mean (usually the batch size).
 
     `value` may be a tensor on the device, a number, or a string (text metrics). The
     value reported is `value * scale`, the product taken on the host in float64: a
     metric can return an exact count (e.g. correct predictions) and a host-side
-    factor, saving device work and keeping the figure exact.
+    factor, saving device work and keeping the figure exact. (A named tuple: one is
+    made per metric and iteration, so it must be cheap.)
     """
 
     value: Number | str
