@@ -29,6 +29,22 @@ class OptimizerFactory:
         return f"OptimizerFactory({self.name})"
 
 
+def _adam_factory(config: Any, optimizer: Any) -> OptimizerFactory:
+    """An Adam-family optimizer built from the config's betas, epsilon and decay."""
+
+    def build(params: Iterable[Any], lr: float) -> torch.optim.Optimizer:
+        return optimizer(
+            params,
+            lr=lr,
+            betas=(config.beta_1, config.beta_2),
+            eps=config.epsilon,
+            weight_decay=config.weight_decay,
+            amsgrad=config.amsgrad,
+        )
+
+    return OptimizerFactory(optimizer.__name__, build)
+
+
 class AdamConfig(Config):
     """Adam (Kingma & Ba); `weight_decay` adds L2 to the gradients, as torch's Adam does."""
 
@@ -39,40 +55,16 @@ class AdamConfig(Config):
     amsgrad: bool = False
 
     def init(self) -> OptimizerFactory:
-        def build(params: Iterable[Any], lr: float) -> torch.optim.Optimizer:
-            return torch.optim.Adam(
-                params,
-                lr=lr,
-                betas=(self.beta_1, self.beta_2),
-                eps=self.epsilon,
-                weight_decay=self.weight_decay,
-                amsgrad=self.amsgrad,
-            )
-
-        return OptimizerFactory("Adam", build)
+        return _adam_factory(self, torch.optim.Adam)
 
 
-class AdamWConfig(Config):
-    """AdamW: Adam with decoupled weight decay."""
+class AdamWConfig(AdamConfig):
+    """AdamW: Adam with decoupled weight decay (default 1e-4)."""
 
-    beta_1: float = Field(0.9, ge=0.0, lt=1.0)
-    beta_2: float = Field(0.999, ge=0.0, lt=1.0)
-    epsilon: float = Field(1e-5, gt=0.0)
     weight_decay: float = Field(1e-4, ge=0.0)
-    amsgrad: bool = False
 
     def init(self) -> OptimizerFactory:
-        def build(params: Iterable[Any], lr: float) -> torch.optim.Optimizer:
-            return torch.optim.AdamW(
-                params,
-                lr=lr,
-                betas=(self.beta_1, self.beta_2),
-                eps=self.epsilon,
-                weight_decay=self.weight_decay,
-                amsgrad=self.amsgrad,
-            )
-
-        return OptimizerFactory("AdamW", build)
+        return _adam_factory(self, torch.optim.AdamW)
 
 
 class SgdConfig(Config):

@@ -22,6 +22,16 @@ def metric_name(metric: Any) -> str:
     return metric if isinstance(metric, str) else str(metric.name)
 
 
+def check_choice(aggregate: str, direction: str, split: str) -> None:
+    """Validate how a strategy reads a metric: its epoch value, which way is better, which split."""
+    if aggregate != "mean":
+        raise ConfigError(f"aggregate must be 'mean' (the epoch value), got {aggregate!r}.")
+    if direction not in ("lowest", "highest"):
+        raise ConfigError(f"direction must be 'lowest' or 'highest', got {direction!r}.")
+    if split not in ("train", "valid"):
+        raise ConfigError(f"split must be 'train' or 'valid', got {split!r}.")
+
+
 class MetricEarlyStoppingStrategy:
     """Stop when `metric` (epoch value on `split`) has not improved for
     `no_improvement_since` epochs; never during the first `warmup_epochs` epochs."""
@@ -35,12 +45,7 @@ class MetricEarlyStoppingStrategy:
         no_improvement_since: int = 3,
         warmup_epochs: int = 0,
     ) -> None:
-        if aggregate != "mean":
-            raise ConfigError(f"aggregate must be 'mean' (the epoch value), got {aggregate!r}.")
-        if direction not in ("lowest", "highest"):
-            raise ConfigError(f"direction must be 'lowest' or 'highest', got {direction!r}.")
-        if split not in ("train", "valid"):
-            raise ConfigError(f"split must be 'train' or 'valid', got {split!r}.")
+        check_choice(aggregate, direction, split)
         if not isinstance(no_improvement_since, int) or no_improvement_since < 1:
             raise ConfigError(
                 f"no_improvement_since must be an int >= 1, got {no_improvement_since!r}."

@@ -183,24 +183,21 @@ class MetricsProcessor:
         """Lines written so far this epoch per metric of the current split."""
         return {state.name: len(state.rows) for state in self.states.get(self._split, ())}
 
-    def sync(self, dist: Any = None) -> None:
-        """Write everything computed so far (a run stopped mid-epoch)."""
+    def sync(self, dist: Any = None) -> list[MetricRecord]:
+        """Write everything computed so far (from every process) to the loggers; return
+        the records written."""
         records = self._drain()
         if dist is not None:
             self._gather(dist, records)
         if records:
             for logger in self.loggers.get(self._split, ()):
                 logger.log(self._split, self._epoch, records)
+        return records
 
     def end_split(self, dist: Any = None) -> dict[str, float]:
         """Finish the current split's epoch; return each metric's epoch value (under
         several processes, rank 0's, which covers every rank's samples)."""
-        records = self._drain()
-        if dist is not None:
-            self._gather(dist, records)
-        if records:
-            for logger in self.loggers.get(self._split, ()):
-                logger.log(self._split, self._epoch, records)
+        records = self.sync(dist)
         if dist is not None:
             self._merge_epoch_states(dist)
         aggregates: dict[str, float] = {}

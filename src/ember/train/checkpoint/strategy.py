@@ -6,7 +6,7 @@ import math
 from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 
 from ember.errors import ConfigError
-from ember.train.early_stopping import History, metric_name
+from ember.train.early_stopping import History, check_choice, metric_name
 
 
 @runtime_checkable
@@ -38,12 +38,7 @@ class MetricCheckpointingStrategy:
         direction: Literal["lowest", "highest"] = "lowest",
         split: Literal["train", "valid"] = "valid",
     ) -> None:
-        if aggregate != "mean":
-            raise ConfigError(f"aggregate must be 'mean' (the epoch value), got {aggregate!r}.")
-        if direction not in ("lowest", "highest"):
-            raise ConfigError(f"direction must be 'lowest' or 'highest', got {direction!r}.")
-        if split not in ("train", "valid"):
-            raise ConfigError(f"split must be 'train' or 'valid', got {split!r}.")
+        check_choice(aggregate, direction, split)
         self.name = metric_name(metric)
         self.direction = direction
         self.split = split

@@ -74,22 +74,14 @@ class PlainRenderer:
             eta = f"  eta {format_duration((total - progress.iteration) / rate)}" if rate else ""
         else:
             position, eta = f"iter {progress.iteration}", ""
-        values = "  ".join(
-            f"{m.name} {format_number(m.epoch_value if m.epoch_value is not None else m.last, m.unit)}"
-            for m in metrics
-            if m.split == progress.split
-        )
+        values = _values(progress.split, metrics)
         self._write(
             f"{progress.split:<5} epoch {progress.epoch}/{progress.num_epochs}  {position}  "
             f"{progress.items_per_second:,.0f} items/s{eta}  {values}".rstrip()
         )
 
     def end_split(self, progress: Progress, metrics: Sequence[MetricView]) -> None:
-        values = "  ".join(
-            f"{m.name} {format_number(m.epoch_value if m.epoch_value is not None else m.last, m.unit)}"
-            for m in metrics
-            if m.split == progress.split
-        )
+        values = _values(progress.split, metrics)
         self._write(
             f"{progress.split:<5} epoch {progress.epoch}/{progress.num_epochs} done: "
             f"{progress.iteration} iterations, {progress.items:,} items in "
@@ -99,3 +91,12 @@ class PlainRenderer:
 
     def end(self, reason: str) -> None:
         self._write(f"training {reason}")
+
+
+def _values(split: str, metrics: Sequence[MetricView]) -> str:
+    """`Name value unit` for each metric of `split` (epoch value when known)."""
+    return "  ".join(
+        f"{m.name} {format_number(m.epoch_value if m.epoch_value is not None else m.last, m.unit)}"
+        for m in metrics
+        if m.split == split
+    )
