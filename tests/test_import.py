@@ -16,3 +16,13 @@ def test_import_ember_loads_no_optional_integration():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_import_ember_costs_nothing_until_a_name_is_used():
+    code = (
+        "import sys, json, ember, ember.train;"
+        "light = [m for m in ('pydantic', 'rich', 'msgpack') if m in sys.modules];"
+        "ember.Config; print(json.dumps([light, 'pydantic' in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [[], True]

@@ -1,19 +1,27 @@
 """ember: a training loop for PyTorch."""
 
-from ember._version import __version__
-from ember.config import Config
-from ember.errors import ConfigError, DatasetError, EmberError, RecordError, TrainingError
-from ember.process import is_main_process
-from ember.seed import seed
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "Config",
-    "ConfigError",
-    "DatasetError",
-    "EmberError",
-    "RecordError",
-    "TrainingError",
-    "__version__",
-    "is_main_process",
-    "seed",
-]
+from ember._lazy import attach
+from ember._version import __version__
+
+__getattr__, __dir__, __all__ = attach(
+    __name__,
+    {
+        "Config": "ember.config",
+        "ConfigError": "ember.errors",
+        "DatasetError": "ember.errors",
+        "EmberError": "ember.errors",
+        "RecordError": "ember.errors",
+        "TrainingError": "ember.errors",
+        "is_main_process": "ember.process",
+        "seed": "ember.seed",
+    },
+)
+__all__ += ["__version__"]
+
+if TYPE_CHECKING:
+    from ember.config import Config
+    from ember.errors import ConfigError, DatasetError, EmberError, RecordError, TrainingError
+    from ember.process import is_main_process
+    from ember.seed import seed

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from ember.errors import TrainingError
+from ember.errors import ConfigError, TrainingError
 
 
 @runtime_checkable
@@ -69,3 +70,26 @@ class LrDriver:
                 f"this run uses {expected}. Resume with the scheduler the run was started with."
             )
         self.scheduler.load_state_dict(state["state"])
+
+
+class ConstantLr:
+    """Returns the same learning rate at every step."""
+
+    def __init__(self, lr: float) -> None:
+        if (
+            not isinstance(lr, (int, float))
+            or isinstance(lr, bool)
+            or not math.isfinite(lr)
+            or lr < 0
+        ):
+            raise ConfigError(f"The learning rate must be a finite number >= 0, got {lr!r}.")
+        self.lr = float(lr)
+
+    def step(self) -> float:
+        return self.lr
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"lr": self.lr}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.lr = float(state["lr"])

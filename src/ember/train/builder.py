@@ -10,8 +10,7 @@ from typing import Any, Sequence
 import torch
 
 from ember.errors import ConfigError
-from ember.lr.base import LrDriver
-from ember.lr.constant import ConstantLr
+from ember.lr.base import ConstantLr, LrDriver
 from ember.train.checkpoint.file import FileCheckpointer
 from ember.train.checkpoint.strategy import (
     ComposedCheckpointingStrategy,
