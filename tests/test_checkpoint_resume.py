@@ -213,3 +213,18 @@ def test_on_checkpoint_error_warn_goes_on(tmp_path, loaders, quiet, monkeypatch)
     assert (
         "Training goes on (on_checkpoint_error='warn')" in (tmp_path / "experiment.log").read_text()
     )
+
+
+def test_resuming_a_finished_run_returns_its_model_without_training(tmp_path, loaders, quiet):
+    trained = (
+        builder(tmp_path, quiet, 2).build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
+    )
+    fresh = Classifier()
+    learner = (
+        builder(tmp_path, quiet, 2).checkpoint("latest").build(fresh, AdamConfig().init(), 1e-2)
+    )
+    returned = learner.fit(*loaders)
+    assert learner.outcome == "completed" and fresh.seen == []
+    for name, value in trained.state_dict().items():
+        assert torch.equal(returned.state_dict()[name], value), name
+    assert "nothing is left to train" in (tmp_path / "experiment.log").read_text()

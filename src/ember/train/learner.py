@@ -143,7 +143,15 @@ class Learner:
                 self._restore(position)
                 info = run_info(self, position.epoch)
                 log.info("%s", describe_run(self, info))
-                if valid is not None:
+                if position.epoch > self.num_epochs:
+                    log.warning(
+                        "The checkpoint is at the end of epoch %d and num_epochs is %d: nothing is "
+                        "left to train, the trained model is returned as it is. Raise num_epochs "
+                        "to train further.",
+                        position.epoch - 1,
+                        self.num_epochs,
+                    )
+                elif valid is not None:
                     self._preflight_valid(valid)
                 self.renderer.start(info)
                 self._emit(Start(position.epoch, self.num_epochs, str(self.artifact_dir)))

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ember.errors import TrainingError
 from ember.train.logger.file import metric_file_name
 
 log = logging.getLogger("ember")
@@ -40,12 +39,7 @@ class Position:
         start = (
             cls(epoch + 1) if complete else cls(epoch, int(state["iteration"]), int(state["items"]))
         )
-        if start.epoch > num_epochs:
-            raise TrainingError(
-                f"The checkpoint is at the end of epoch {epoch} and num_epochs is {num_epochs}: "
-                "there is nothing left to train. Raise num_epochs to train further."
-            )
-        return start
+        return start  # past num_epochs when the run was finished: nothing left to train
 
     def kept_epochs(self) -> int | None:
         """Logs of epochs up to this one are kept on resume (None: a fresh run)."""
