@@ -45,5 +45,9 @@ check: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
+bench: venv
+	$(PY) -m pip install --quiet -r bench/requirements.txt
+	$(PY) bench/run.py --reps 5
+
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache .hypothesis

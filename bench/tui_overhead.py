@@ -1,12 +1,15 @@
 """How much the terminal dashboard slows training, compared with the plain renderer.
 
-    python bench/tui_overhead.py [--runs 5] [--steps 3000] [--terminal]
+    python bench/tui_overhead.py [--runs 7] [--steps 3000] [--terminal]
 
 Trains the same 784-128-10 MLP on synthetic data, alternating plain and dashboard
 runs, and prints the median wall time of each and their ratio. By default the
 dashboard draws into a console forced to terminal mode that writes to /dev/null (all
 the drawing and terminal encoding happens, no terminal emulator is involved); with
 `--terminal` it draws on this process's real terminal (run it in one).
+
+Wall times on a shared machine are noisy, so it also prints what the dashboard costs
+directly: the training thread's time in renderer calls and the drawing thread's CPU.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +58,40 @@ class Mlp(nn.Module):
         return self.step(batch)
 
 
+class Timed:
+    """A renderer wrapper that adds up the time the training thread spends in it: in
+    `update` and `end_split` (while training) and in `start` and `end` (once a run)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.seconds = {"start": 0.0, "update": 0.0, "end_split": 0.0, "end": 0.0}
+
+    def _call(self, name: str, *args: Any) -> None:
+        start = time.perf_counter()
+        getattr(self.inner, name)(*args)
+        self.seconds[name] += time.perf_counter() - start
+
+    @property
+    def ticks(self) -> float:
+        return self.seconds["update"] + self.seconds["end_split"]
+
+    @property
+    def once(self) -> float:
+        return self.seconds["start"] + self.seconds["end"]
+
+    def start(self, info: Any) -> None:
+        self._call("start", info)
+
+    def update(self, progress: Any, metrics: Any, records: Any) -> None:
+        self._call("update", progress, metrics, records)
+
+    def end_split(self, progress: Any, metrics: Any) -> None:
+        self._call("end_split", progress, metrics)
+
+    def end(self, reason: str) -> None:
+        self._call("end", reason)
+
+
 def batches(count: int, size: int, seed: int) -> list[Batch]:
     generator = torch.Generator().manual_seed(seed)
     centres = torch.randn(10, 784, generator=torch.Generator().manual_seed(0))
@@ -65,7 +103,7 @@ def batches(count: int, size: int, seed: int) -> list[Batch]:
     return out
 
 
-def run(renderer: object, train: list[Batch], valid: list[Batch], epochs: int) -> tuple[float, float]:
+def fit(renderer: Any, train: list[Batch], valid: list[Batch], epochs: int) -> tuple[float, float]:
     """Wall and process CPU seconds of one `fit`."""
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as directory:
@@ -86,15 +124,17 @@ def run(renderer: object, train: list[Batch], valid: list[Batch], epochs: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=7, help="runs of each renderer (alternated)")
     parser.add_argument("--steps", type=int, default=3000, help="training steps per run")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--terminal", action="store_true", help="draw on the real terminal")
+    parser.add_argument("--report", help="also write the report to this file")
     parser.add_argument(
-        "--threads", type=int, default=1,
-        help="torch intra-op threads (default 1: steady timings on a shared machine)",
+        "--threads", type=int, default=1, help="torch threads (default 1: steadier timings)"
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -104,48 +144,67 @@ def main(argv: list[str] | None = None) -> int:
     valid = batches(max(1, per_epoch // 10), args.batch_size, seed=2)
     sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the benchmark
 
-    def tui() -> TuiRenderer:
+    def make(name: str) -> Timed:
+        if name == "plain":
+            return Timed(PlainRenderer(stream=sink))
         if args.terminal:
-            return TuiRenderer(keys=False)
+            return Timed(TuiRenderer(keys=False))
         from rich.console import Console
 
-        console = Console(file=sink, force_terminal=True, width=120, height=40, color_system="truecolor")
-        return TuiRenderer(console=console, keys=False)
+        console = Console(file=sink, force_terminal=True, width=120, height=40)
+        return Timed(TuiRenderer(console=console, keys=False))
 
-    run(PlainRenderer(stream=sink), train, valid, 1)  # warm up: allocator, kernels, imports
-    times: dict[str, list[float]] = {"plain": [], "tui": []}
+    fit(make("plain"), train, valid, 1)  # warm up: allocator, kernels, imports
+    wall: dict[str, list[float]] = {"plain": [], "tui": []}
     cpu: dict[str, list[float]] = {"plain": [], "tui": []}
-    frames, draw = [], []
+    calls: dict[str, list[float]] = {"plain": [], "tui": []}
+    once: dict[str, list[float]] = {"plain": [], "tui": []}
+    frames, drawing = [], []
     for index in range(args.runs):
-        order = ("plain", "tui") if index % 2 == 0 else ("tui", "plain")
-        for name in order:
-            renderer = PlainRenderer(stream=sink) if name == "plain" else tui()
-            seconds, cpu_seconds = run(renderer, train, valid, args.epochs)
-            times[name].append(seconds)
+        for name in ("plain", "tui") if index % 2 == 0 else ("tui", "plain"):
+            renderer = make(name)
+            seconds, cpu_seconds = fit(renderer, train, valid, args.epochs)
+            wall[name].append(seconds)
             cpu[name].append(cpu_seconds)
-            if isinstance(renderer, TuiRenderer):
-                frames.append(renderer.frames / seconds)
-                draw.append(renderer.draw_seconds / seconds)
+            calls[name].append(renderer.ticks / seconds)
+            once[name].append(renderer.once)
+            if name == "tui":
+                frames.append(renderer.inner.frames / seconds)
+                drawing.append(renderer.inner.draw_seconds / seconds)
 
-    def line(name: str) -> str:
-        runs = ", ".join(f"{t:.3f}" for t in times[name])
+    def summary(name: str) -> str:
+        runs = ", ".join(f"{t:.3f}" for t in wall[name])
         return (
-            f"{name:<6} median {statistics.median(times[name]):.3f} s, best {min(times[name]):.3f} s,"
-            f" CPU median {statistics.median(cpu[name]):.3f} s  (runs: {runs})"
+            f"{name:<6} median {statistics.median(wall[name]):.3f} s, best {min(wall[name]):.3f} s"
+            f", CPU median {statistics.median(cpu[name]):.3f} s  (runs: {runs})"
         )
 
-    plain, dashboard = statistics.median(times["plain"]), statistics.median(times["tui"])
-    report = "\n".join([
-        f"{per_epoch * args.epochs} train + {len(valid) * args.epochs} valid steps per run, "
-        f"{args.runs} runs each, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs",
-        line("plain"),
-        line("tui"),
-        f"dashboard: {statistics.median(frames):.1f} frames/s, drawing thread "
-        f"{100 * statistics.median(draw):.2f} % of one CPU",
-        f"ratio tui/plain: median {dashboard / plain:.4f}, best {min(times['tui']) / min(times['plain']):.4f},"
-        f" CPU {statistics.median(cpu['tui']) / statistics.median(cpu['plain']):.4f}",
-    ])
+    median = statistics.median(wall["tui"]) / statistics.median(wall["plain"])
+    pairs = statistics.median(t / p for t, p in zip(wall["tui"], wall["plain"]))
+    best = min(wall["tui"]) / min(wall["plain"])
+    direct = (  # while training, per second of training
+        statistics.median(calls["tui"])
+        - statistics.median(calls["plain"])
+        + statistics.median(drawing)
+    )
+    steps = f"{per_epoch * args.epochs} train + {len(valid) * args.epochs} valid steps per run"
+    report = (
+        f"{steps}, {args.runs} runs each, torch threads {torch.get_num_threads()}, "
+        f"{os.cpu_count()} CPUs\n"
+        f"{summary('plain')}\n{summary('tui')}\n"
+        f"dashboard: {statistics.median(frames):.1f} frames/s; drawing thread "
+        f"{100 * statistics.median(drawing):.2f} % of one CPU; training thread in update and "
+        f"end_split {100 * statistics.median(calls['tui']):.3f} % (plain "
+        f"{100 * statistics.median(calls['plain']):.3f} %), in start and end "
+        f"{1000 * statistics.median(once['tui']):.1f} ms a run (plain "
+        f"{1000 * statistics.median(once['plain']):.1f} ms)\n"
+        f"ratio tui/plain: median {median:.4f} (per pair {pairs:.4f}, best {best:.4f}); "
+        f"direct cost while training {1 + direct:.4f}"
+    )
     print(report)
+    if args.report:
+        with open(args.report, "w", encoding="utf-8") as handle:
+            handle.write(report + "\n")
     return 0
 
 

@@ -131,7 +131,9 @@ def torch_loaders(train_set, valid_set):
 def ember_loaders(train_set, valid_set):
     from ember.data import DataLoaderBuilder
 
-    train = DataLoaderBuilder(Batcher()).batch_size(BATCH_SIZE).shuffle(SHUFFLE_SEED).build(train_set)
+    train = (
+        DataLoaderBuilder(Batcher()).batch_size(BATCH_SIZE).shuffle(SHUFFLE_SEED).build(train_set)
+    )
     valid = DataLoaderBuilder(Batcher()).batch_size(BATCH_SIZE).build(valid_set)
     return train, valid
 
@@ -147,7 +149,9 @@ def torch_net(name: str, mixin: type | None = None):
     class Mlp(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.net = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+            self.net = nn.Sequential(
+                nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10)
+            )
 
         def forward(self, images):
             return self.net(images)
@@ -186,7 +190,9 @@ def run_raw(model_name: str, n_train: int, n_valid: int, scratch: str) -> dict:
     import torch
     import torch.nn.functional as F
 
-    train_loader, valid_loader = torch_loaders(SyntheticMnist(n_train, DATA_SEED), SyntheticMnist(n_valid, DATA_SEED + 1))
+    train_loader, valid_loader = torch_loaders(
+        SyntheticMnist(n_train, DATA_SEED), SyntheticMnist(n_valid, DATA_SEED + 1)
+    )
     model = torch_net(model_name)
     t0 = time.perf_counter()
     optimizer = torch.optim.Adam(model.parameters(), lr=LR, eps=ADAM_EPS)
@@ -219,10 +225,21 @@ def run_raw(model_name: str, n_train: int, n_valid: int, scratch: str) -> dict:
             valid_loss_sum += F.cross_entropy(logits, targets) * targets.shape[0]
             valid_correct += (logits.argmax(dim=1) == targets).sum()
             valid_seen += targets.shape[0]
-    valid_loss, valid_acc = valid_loss_sum.item() / valid_seen, 100.0 * valid_correct.item() / valid_seen
+    valid_loss, valid_acc = (
+        valid_loss_sum.item() / valid_seen,
+        100.0 * valid_correct.item() / valid_seen,
+    )
     model.train()
     fit, fit_cpu = time.perf_counter() - start, time.process_time() - start_cpu
-    return dict(fit_s=fit, fit_cpu_s=fit_cpu, setup_s=setup, train_loss=train_loss, train_acc=train_acc, valid_loss=valid_loss, valid_acc=valid_acc)
+    return dict(
+        fit_s=fit,
+        fit_cpu_s=fit_cpu,
+        setup_s=setup,
+        train_loss=train_loss,
+        train_acc=train_acc,
+        valid_loss=valid_loss,
+        valid_acc=valid_acc,
+    )
 
 
 def ember_model(model_name: str):
@@ -253,7 +270,9 @@ def run_ember(model_name: str, n_train: int, n_valid: int, scratch: str, checkpo
     from ember.train.metric import AccuracyMetric, LossMetric
     from ember.train.renderer import PlainRenderer
 
-    train_loader, valid_loader = ember_loaders(SyntheticMnist(n_train, DATA_SEED), SyntheticMnist(n_valid, DATA_SEED + 1))
+    train_loader, valid_loader = ember_loaders(
+        SyntheticMnist(n_train, DATA_SEED), SyntheticMnist(n_valid, DATA_SEED + 1)
+    )
     model = ember_model(model_name)
     t0 = time.perf_counter()
     builder = (
@@ -290,7 +309,9 @@ def run_lightning(model_name: str, n_train: int, n_valid: int, scratch: str, min
     import torch
     import torch.nn.functional as F
 
-    train_loader, valid_loader = torch_loaders(SyntheticMnist(n_train, DATA_SEED), SyntheticMnist(n_valid, DATA_SEED + 1))
+    train_loader, valid_loader = torch_loaders(
+        SyntheticMnist(n_train, DATA_SEED), SyntheticMnist(n_valid, DATA_SEED + 1)
+    )
 
     class Module(L.LightningModule):
         def __init__(self, net) -> None:
@@ -305,7 +326,9 @@ def run_lightning(model_name: str, n_train: int, n_valid: int, scratch: str, min
             logits = self(images)
             loss = F.cross_entropy(logits, targets)
             acc = (logits.argmax(dim=1) == targets).float().mean()
-            self.log_dict({"train_loss": loss, "train_acc": acc}, on_step=True, on_epoch=True, prog_bar=True)
+            self.log_dict(
+                {"train_loss": loss, "train_acc": acc}, on_step=True, on_epoch=True, prog_bar=True
+            )
             return loss
 
         def validation_step(self, batch, batch_idx):
@@ -322,7 +345,12 @@ def run_lightning(model_name: str, n_train: int, n_valid: int, scratch: str, min
     t0 = time.perf_counter()
     options: dict = dict(max_epochs=1, default_root_dir=os.path.join(scratch, "lightning"))
     if minimal:
-        options.update(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        options.update(
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
     trainer = L.Trainer(**options)
     setup = time.perf_counter() - t0
 
@@ -345,7 +373,9 @@ def run_keras(model_name: str, n_train: int, n_valid: int, scratch: str) -> dict
     import keras
     from keras import layers
 
-    train_loader, valid_loader = torch_loaders(SyntheticMnist(n_train, DATA_SEED), SyntheticMnist(n_valid, DATA_SEED + 1))
+    train_loader, valid_loader = torch_loaders(
+        SyntheticMnist(n_train, DATA_SEED), SyntheticMnist(n_valid, DATA_SEED + 1)
+    )
     keras.utils.set_random_seed(MODEL_SEED)
     if model_name == "mlp":
         stack = [layers.Flatten(), layers.Dense(128, activation="relu"), layers.Dense(10)]
@@ -414,9 +444,13 @@ def main(argv: list[str] | None = None) -> None:
         if args.variant == "raw":
             result = run_raw(args.model, args.train, args.valid, scratch)
         elif args.variant in ("ember", "ember_ckpt"):
-            result = run_ember(args.model, args.train, args.valid, scratch, checkpoint=args.variant == "ember_ckpt")
+            result = run_ember(
+                args.model, args.train, args.valid, scratch, checkpoint=args.variant == "ember_ckpt"
+            )
         elif args.variant in ("lightning_min", "lightning_default"):
-            result = run_lightning(args.model, args.train, args.valid, scratch, minimal=args.variant == "lightning_min")
+            result = run_lightning(
+                args.model, args.train, args.valid, scratch, minimal=args.variant == "lightning_min"
+            )
         else:
             result = run_keras(args.model, args.train, args.valid, scratch)
     finally:

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from ember_testing import Batch, BlobBatcher, BlobDataset
 from torch import nn
 
 import ember
@@ -30,8 +31,6 @@ from ember.train import ClassificationOutput, LearnerBuilder, TrainOutput
 from ember.train.logger import read_metric_log
 from ember.train.metric import AccuracyMetric, LossMetric
 from ember.train.renderer import PlainRenderer
-
-from ember_testing import Batch, BlobBatcher, BlobDataset
 
 SIZE, BATCH, EPOCHS = 150, 16, 2  # 10 batches per epoch, the last one of 6 samples
 SHUFFLE_SEED, INIT_SEED, TRAIN_SEED = 5, 11, 1234
