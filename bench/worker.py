@@ -7,11 +7,12 @@ MODEL is mlp or cnn. The process imports what the variant needs, generates the
 synthetic data, builds the model and its trainer, then times one training epoch
 plus one validation pass. The last line it prints is one JSON object:
 
-    {"variant", "model", "fit_s", "setup_s", "maxrss_mb", "train_loss", "valid_acc", ...}
+    {"variant", "model", "fit_s", "fit_cpu_s", "setup_s", "maxrss_mb", "train_loss", ...}
 
 `fit_s` runs from just before the first batch (the call to fit, or the raw loop)
 to the end of validation; imports, data generation and model construction are
-outside it (`setup_s` is the trainer/learner construction alone).
+outside it (`setup_s` is the trainer/learner construction alone). `fit_cpu_s` is
+the process's CPU time over the same span; `maxrss_mb` the peak RSS of the process.
 """
 
 from __future__ import annotations
