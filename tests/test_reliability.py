@@ -175,6 +175,18 @@ class SlashMetric:
         pass
 
 
+class VectorMetric:
+    """A metric that returns one value per sample instead of one per iteration."""
+
+    name, unit, input_type = "Per sample", "", object
+
+    def update(self, item, meta):
+        return MetricValue(torch.ones(4), 4)
+
+    def clear(self):
+        pass
+
+
 def bad_inputs(tmp_path, loaders, quiet):
     """(what a user did, the call, the exception type, the exact message pattern)."""
     json_record = PrettyJsonFileRecorder().save(Classifier(), tmp_path / "weights")
@@ -238,6 +250,17 @@ def bad_inputs(tmp_path, loaders, quiet):
             ),
             ConfigError,
             r"checkpoint\(3\): there is no checkpoint of epoch 3 in .* \(epochs saved: none\)\.",
+        ),
+        (
+            "a metric returning a vector",
+            lambda: builder()
+            .metric_train_numeric(VectorMetric())
+            .build(Classifier(), AdamConfig().init(), 1e-3)
+            .fit(*loaders),
+            TrainingError,
+            re.escape(
+                "The metric 'Per sample' returned a tensor of shape (4,); a metric's value and weight must be single numbers (a 0-d tensor, a float or an int)."
+            ),
         ),
         (
             "an optimizer for another model",

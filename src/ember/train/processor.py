@@ -11,7 +11,9 @@ import time
 from typing import Any, Mapping, Sequence
 
 import torch
+from torch import Tensor
 
+from ember.errors import TrainingError
 from ember.train.logger.base import MetricLogger, MetricRecord
 from ember.train.metric.adapt import adapt
 from ember.train.metric.base import MetricMetadata
@@ -78,7 +80,14 @@ class MetricsProcessor:
             try:
                 for state in states:
                     value = state.metric.update(adapt(item, state.input_type, state.name), meta)
-                    state.pending.append((iteration, value))
+                    number, weight = value.value, value.weight
+                    # Values already on the host are read at once (no sync, and no small
+                    # tensors kept alive between ticks); device values wait for the tick.
+                    if type(number) is Tensor and number.is_cpu:
+                        number = _item(number, state.name)
+                    if type(weight) is Tensor and weight.is_cpu:
+                        weight = _item(weight, state.name)
+                    state.pending.append((iteration, number, weight, value.scale))
             finally:
                 torch._C._set_grad_enabled(grad)
         if time.monotonic() >= self._next_tick:
@@ -96,27 +105,36 @@ class MetricsProcessor:
         )
 
     def _drain(self) -> list[MetricRecord]:
-        """Move pending values to the host (one transfer) and return the numeric records."""
+        """Move pending device values to the host (one transfer per device) and return
+        the numeric records."""
         states = self.states.get(self._split, ())
-        numbers: list[Any] = []
+        on_device: list[Any] = []
         for state in states:
-            for _, value in state.pending:
-                if not isinstance(value.value, str):
-                    numbers.append(value.value)
-                    numbers.append(value.weight)
-        host = iter(to_host(numbers))
+            for _, number, weight, _ in state.pending:
+                if isinstance(number, Tensor):
+                    on_device.append(number)
+                if isinstance(weight, Tensor):
+                    on_device.append(weight)
+        host = iter(to_host(on_device)) if on_device else None
         records: list[MetricRecord] = []
         for state in states:
+            if not state.pending:
+                continue
             rows: list[tuple[float, float]] = []
-            for iteration, value in state.pending:
-                if isinstance(value.value, str):
-                    state.last = value.value
+            name = state.name
+            for iteration, number, weight, scale in state.pending:
+                if isinstance(number, str):
+                    state.last = number
                     continue
-                number, weight = next(host), next(host)
-                if value.scale != 1.0:
-                    number *= value.scale
+                if host is not None:
+                    if isinstance(number, Tensor):
+                        number = next(host)
+                    if isinstance(weight, Tensor):
+                        weight = next(host)
+                number = float(number) * scale if scale != 1.0 else float(number)
+                weight = float(weight)
                 rows.append((number, weight))
-                records.append(MetricRecord(state.name, iteration, number, weight))
+                records.append(MetricRecord(name, iteration, number, weight))
             state.pending.clear()
             state.add_rows(rows)
         return records
@@ -213,3 +231,14 @@ class MetricsProcessor:
             self.renderer.update(self.progress(), self.views(), records)
             self.renderer.end_split(self.progress(), self.views(final=aggregates))
         return aggregates
+
+
+def _item(value: Tensor, name: str) -> float:
+    """A host tensor's single number."""
+    try:
+        return value.item()
+    except RuntimeError:
+        raise TrainingError(
+            f"The metric {name!r} returned a tensor of shape {tuple(value.shape)}; a metric's "
+            "value and weight must be single numbers (a 0-d tensor, a float or an int)."
+        ) from None

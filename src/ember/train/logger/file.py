@@ -57,13 +57,16 @@ class FileMetricLogger:
         return handle
 
     def log(self, split: str, epoch: int, records: Sequence[MetricRecord]) -> None:
-        touched = {}
+        lines: dict[str, list[str]] = {}
+        for record in records:
+            text = lines.get(record.name)
+            if text is None:
+                text = lines[record.name] = []
+            text.append(f"{format_value(record.value)},{format_weight(record.weight)}\n")
         try:
-            for record in records:
-                handle = self._file(epoch, record.name)
-                handle.write(f"{format_value(record.value)},{format_weight(record.weight)}\n")
-                touched[handle] = record.name
-            for handle in touched:
+            for name, text in lines.items():  # one write and one flush per file
+                handle = self._file(epoch, name)
+                handle.write("".join(text))
                 handle.flush()
         except OSError as error:
             raise EmberError(

@@ -7,12 +7,12 @@ from typing import Any
 import torch
 
 from ember.train.logger.file import weighted_mean
-from ember.train.metric.base import MetricValue, metric_unit
+from ember.train.metric.base import metric_unit
 
 
 class MetricState:
-    """One registered metric in one split. Iteration values are kept as they come
-    (device tensors included) and moved to the host in bulk by `MetricsProcessor`."""
+    """One registered metric in one split. Values on an accelerator are kept as they
+    come and moved to the host in bulk by `MetricsProcessor`; host values are read at once."""
 
     def __init__(self, metric: Any, numeric: bool) -> None:
         self.metric = metric
@@ -20,7 +20,8 @@ class MetricState:
         self.unit = metric_unit(metric)
         self.numeric = numeric
         self.input_type: type = metric.input_type
-        self.pending: list[tuple[int, MetricValue]] = []
+        self.pending: list[tuple[int, Any, Any, float]] = []
+        """(iteration, value, weight, scale): host numbers, or tensors still on a device."""
         self.rows: list[tuple[float, float]] = []
         self.last: float | str | None = None
         self._sum = 0.0
