@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -195,3 +197,28 @@ def test_a_config_of_another_kind_is_refused():
     data = json.loads(StepLrSchedulerConfig(initial_lr=0.1, step_size=2).to_json())
     with pytest.raises(ConfigError, match="field 'type'"):
         CosineAnnealingLrSchedulerConfig.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    "module, name, data",
+    [
+        (
+            "sequential",
+            "SequentialLrSchedulerConfig",
+            {"schedulers": [{"lr": 0.1}, {"lr": 0.01}], "milestones": [5]},
+        ),
+        ("composed", "ComposedLrSchedulerConfig", {"schedulers": [{"lr": 0.1}, {"lr": 0.5}]}),
+        ("warmup", "WarmupLrSchedulerConfig", {"scheduler": {"lr": 0.1}, "warmup_steps": 3}),
+    ],
+)
+def test_a_nesting_config_imported_from_its_own_module_is_complete(module, name, data):
+    # A fresh interpreter: nothing else of ember.lr has been imported before the module.
+    code = (
+        f"from ember.lr.{module} import {name} as C\n"
+        f"print(type(C.model_validate({data!r}).init()).__name__)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == name.replace("Config", "")

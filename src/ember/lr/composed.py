@@ -69,3 +69,8 @@ class ComposedLrScheduler:
         states = read_children(read_state(state, self, "schedulers"), self, self.schedulers)
         for scheduler, child in zip(self.schedulers, states):
             scheduler.load_state_dict(child)
+
+
+# The nested field names `LrSchedulerConfig`, which names this config: importing the union
+# (at the end, once this class exists) completes it, whichever module is imported first.
+import ember.lr.config_union  # noqa: E402, F401

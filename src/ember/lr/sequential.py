@@ -86,3 +86,8 @@ class SequentialLrScheduler:
         for scheduler, child in zip(self.schedulers, states):
             scheduler.load_state_dict(child)
         self.step_count = step
+
+
+# The nested field names `LrSchedulerConfig`, which names this config: importing the union
+# (at the end, once this class exists) completes it, whichever module is imported first.
+import ember.lr.config_union  # noqa: E402, F401

@@ -81,3 +81,8 @@ class WarmupLrScheduler:
         step = read_count(checked, self)
         self.scheduler.load_state_dict(checked["scheduler"])
         self.step_count = step
+
+
+# The nested field names `LrSchedulerConfig`, which names this config: importing the union
+# (at the end, once this class exists) completes it, whichever module is imported first.
+import ember.lr.config_union  # noqa: E402, F401
