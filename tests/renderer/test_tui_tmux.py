@@ -117,3 +117,32 @@ def test_persistent_dashboard_waits_for_a_key(tmp_path):
         assert run.wait_exit(timeout=10) == 0
         assert "training script finished" in run.scrollback()
         assert terminal_restored(run.stty_file.read_text())
+
+
+def test_keys_work_again_after_ctrl_z_and_fg(tmp_path):
+    """The shell gives a resumed job its terminal back in line mode; the dashboard takes
+    keys one by one again, and still restores the terminal at the end."""
+    args = [str(tmp_path / "run"), "--renderer", "tui", "--epochs", "40"]
+    stty = tmp_path / "after.txt"
+    with TmuxRun(tmp_path, args, shell=True) as run:
+        run.wait_screen("$", timeout=START)
+        run.keys(run.command, "Enter")
+        run.wait_screen("Loss · full history", timeout=START)
+        run.keys("C-z")
+        run.wait_screen("Stopped")
+        run.keys("fg", "Enter")
+        run.wait_match(r"total ━+ +[\d.]+%  epoch \d+/40 ")
+        run.keys("Right")
+        run.wait_screen("Accuracy (%) · full history")
+        run.keys("q")
+        run.wait_screen("stop the run?")
+        run.keys("s")
+        wait_for(
+            lambda: "training stopped: stopped from the dashboard" in run.scrollback(),
+            30,
+            "the run to stop",
+            run.screen,
+        )
+        run.keys(f"stty -a > {stty}", "Enter")
+        wait_for(lambda: stty.exists() and stty.read_text(), 10, "stty", run.screen)
+        assert terminal_restored(stty.read_text())

@@ -34,7 +34,8 @@ def wait_for(
 class TmuxRun:
     """`python tests/renderer/tui_script.py ARGS` in a detached tmux session of the given
     size. When the program ends, `stty -a` of the pane goes to `stty.txt`, then its exit
-    code to `rc.txt`; the pane stays open so its last screen can be read."""
+    code to `rc.txt`; the pane stays open so its last screen can be read. With `shell`, the
+    pane is an interactive bash instead, and the test types `self.command` itself."""
 
     def __init__(
         self,
@@ -43,6 +44,7 @@ class TmuxRun:
         width: int = 120,
         height: int = 40,
         env: str = "unset CI",
+        shell: bool = False,
     ) -> None:
         self.directory = directory
         self.socket = directory / "tmux.sock"
@@ -60,6 +62,12 @@ class TmuxRun:
             f"echo $code > {shlex.quote(str(self.rc_file))}\n"
             "sleep 120\n"
         )
+        if shell:  # an interactive shell (job control on): the test types the command
+            script.write_text(
+                f"cd {shlex.quote(str(REPO))}\n{env}\nexport PYTHONUNBUFFERED=1 PS1='$ '\n"
+                "exec bash --noprofile --norc -i\n"
+            )
+        self.command = command
         self.width, self.height = width, height
         self.script = script
 

@@ -98,6 +98,7 @@ class KeyReader:
             try:
                 ready, _, _ = select.select([fd], [], [], 0.1)
                 if not ready:
+                    self._keep_cbreak(fd)
                     continue
                 data = os.read(fd, 64)
             except (OSError, ValueError):
@@ -111,6 +112,24 @@ class KeyReader:
                     self._on_key(key)
                 except Exception:  # a key handler must not end the reader
                     pass
+
+    def _keep_cbreak(self, fd: int) -> None:
+        """Enter cbreak mode again if the terminal left it: after Ctrl-Z and `fg` the shell
+        hands the terminal back in its own (line-by-line, echoing) mode. Only while this
+        process is the foreground job: setting modes from the background would stop it."""
+        import termios
+        import tty
+
+        with self._lock:
+            if self._saved is None or self._stop.is_set():
+                return
+            try:
+                if os.tcgetpgrp(fd) != os.getpgrp():
+                    return
+                if termios.tcgetattr(fd)[3] & (termios.ICANON | termios.ECHO):
+                    tty.setcbreak(fd, termios.TCSANOW)
+            except (OSError, termios.error, ValueError):
+                pass
 
     def restore(self) -> None:
         """Give the terminal its saved modes back (idempotent, safe from any thread)."""
