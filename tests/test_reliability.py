@@ -253,10 +253,12 @@ def bad_inputs(tmp_path, loaders, quiet):
         ),
         (
             "a metric returning a vector",
-            lambda: builder()
-            .metric_train_numeric(VectorMetric())
-            .build(Classifier(), AdamConfig().init(), 1e-3)
-            .fit(*loaders),
+            lambda: (
+                builder()
+                .metric_train_numeric(VectorMetric())
+                .build(Classifier(), AdamConfig().init(), 1e-3)
+                .fit(*loaders)
+            ),
             TrainingError,
             re.escape(
                 "The metric 'Per sample' returned a tensor of shape (4,); a metric's value and weight must be single numbers (a 0-d tensor, a float or an int)."
