@@ -5,8 +5,24 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
-HEAVY = ["tensorboard", "mlflow", "matplotlib", "torchmetrics", "sklearn", "safetensors", "plotext"]
+HEAVY = [
+    "tensorboard",
+    "mlflow",
+    "matplotlib",
+    "torchmetrics",
+    "sklearn",
+    "safetensors",
+    "plotext",
+    "IPython",
+]
+
+
+def fresh(code: str) -> Any:
+    """What `code` prints as JSON, run in a fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
 
 
 def test_import_ember_loads_no_optional_integration():
@@ -14,8 +30,7 @@ def test_import_ember_loads_no_optional_integration():
         "import sys, json, ember, ember.train, ember.data, ember.record, ember.optim, ember.lr;"
         f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == []
+    assert fresh(code) == []
 
 
 def test_import_ember_costs_nothing_until_a_name_is_used():
@@ -24,5 +39,13 @@ def test_import_ember_costs_nothing_until_a_name_is_used():
         "light = [m for m in ('pydantic', 'rich', 'msgpack') if m in sys.modules];"
         "ember.Config; print(json.dumps([light, 'pydantic' in sys.modules]))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == [[], True]
+    assert fresh(code) == [[], True]
+
+
+def test_the_renderers_load_ipython_only_to_display():
+    code = (
+        "import sys, json; from ember.train.renderer import NotebookRenderer, default_renderer;"
+        "default_renderer(); NotebookRenderer();"
+        "print(json.dumps('IPython' in sys.modules))"
+    )
+    assert fresh(code) is False

@@ -114,8 +114,9 @@ class LearnerBuilder:
         return self
 
     def renderer(self, renderer: Any) -> LearnerBuilder:
-        """How progress is shown (default: the live dashboard on a terminal, plain text
-        lines otherwise: when output is piped, `CI` is set or `TERM=dumb`)."""
+        """How progress is shown (default: a live display in a notebook cell, the live
+        dashboard on a terminal, plain text lines otherwise: when output is piped, `CI`
+        is set or `TERM=dumb`)."""
         self._renderer = renderer
         return self
 

@@ -214,6 +214,15 @@ def _free_port() -> int:
 
 
 def _command() -> list[str]:
+    from ember.train.renderer.select import in_notebook
+
+    if in_notebook():  # running the command again would start more kernels
+        raise TrainingError(
+            "Training on several devices starts one process per device, which a notebook "
+            "cannot do. Put the training in a script and run it (`python train.py` starts "
+            "one process per device), or launch it with torchrun; in the notebook, train on "
+            "one device."
+        )
     argv = list(getattr(sys, "orig_argv", []) or [sys.executable, *sys.argv])
     if len(argv) < 2 or argv[1] in ("-c", "-i") or sys.argv[0] in ("", "-c"):
         raise TrainingError(

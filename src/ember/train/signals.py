@@ -8,6 +8,10 @@ import threading
 from typing import Any, Iterator
 
 from ember.train.interrupter import Interrupter
+from ember.train.renderer.select import in_notebook
+
+_SIGINT_MESSAGE = "interrupted by Ctrl-C (press it again to stop at once)"
+_SIGINT_MESSAGE_NOTEBOOK = "interrupted from the notebook (interrupt again to stop at once)"
 
 
 @contextlib.contextmanager
@@ -21,7 +25,7 @@ def signal_handlers(interrupter: Interrupter) -> Iterator[None]:
     def on_sigint(signum: int, frame: Any) -> None:
         if interrupter.should_stop():
             raise KeyboardInterrupt
-        interrupter.stop("interrupted by Ctrl-C (press it again to stop at once)")
+        interrupter.stop(_SIGINT_MESSAGE_NOTEBOOK if in_notebook() else _SIGINT_MESSAGE)
 
     def on_sigterm(signum: int, frame: Any) -> None:
         interrupter.stop("terminated by SIGTERM")

@@ -44,7 +44,7 @@ def tick(value: float) -> str:
     return f"{value:.4g}"
 
 
-def _y_range(low: float, high: float) -> tuple[float, float]:
+def y_range(low: float, high: float) -> tuple[float, float]:
     """The shown range: the data with 5 % to spare, not below 0 for data that is not."""
     if high - low <= abs(high) * 1e-9 + 1e-12:
         pad = abs(high) * 0.05 or 1.0
@@ -150,7 +150,7 @@ def line_chart(
     present = [ys for _, ys in curves if ys.size]
     if not present:
         return blank(width, height, empty)
-    low, high = _y_range(min(float(y.min()) for y in present), max(float(y.max()) for y in present))
+    low, high = y_range(min(float(y.min()) for y in present), max(float(y.max()) for y in present))
     dots_w, dots_h = plot_w * 2, plot_h * 4
     x0, x1 = x_range
     x_scale = (dots_w - 1) / ((x1 - x0) or 1.0)

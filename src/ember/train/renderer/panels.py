@@ -8,15 +8,13 @@ takes little from the training thread.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Sequence
 
 from rich.cells import cell_len, set_cell_size
 
-from ember.train.renderer.base import MetricView, Progress, RunInfo
 from ember.train.renderer.charts import Line, Series, bar_chart, blank, line_chart
 from ember.train.renderer.format import format_duration, format_number
-from ember.train.renderer.history import HistoryView
+from ember.train.renderer.state import METRIC_COLUMNS, Snapshot, cell_text, metric_rows
 
 VIEWS = ("history", "recent", "epochs")
 """The chart views, in the order up/down cycles through them."""
@@ -25,34 +23,6 @@ BORDER = "grey42"
 LABEL = "grey62"
 STATUS_WIDTH = 34
 PROGRESS_HEIGHT = 4
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Everything one frame shows, copied from the renderer under its lock."""
-
-    info: RunInfo
-    progress: Progress | None
-    views: tuple[MetricView, ...]
-    names: tuple[str, ...]
-    """The numeric metrics that can be plotted, in registration order."""
-    selected: str | None
-    view: str
-    units: dict[str, str] = field(default_factory=dict)
-    histories: dict[str, HistoryView] = field(default_factory=dict)
-    """The selected metric's history per split."""
-    epoch_values: dict[str, dict[int, float]] = field(default_factory=dict)
-    """The selected metric's finished epoch values per split."""
-    last_epoch_values: dict[tuple[str, str], float] = field(default_factory=dict)
-    """Every metric's latest finished epoch value, by (split, name)."""
-    elapsed: float = 0.0
-    fraction: float | None = None
-    eta: float | None = None
-    recent: int = 300
-    prompt: bool = False
-    notice: str | None = None
-    reason: str | None = None
-    closing: bool = False
 
 
 # Lines -------------------------------------------------------------------------------
@@ -98,7 +68,7 @@ def beside(left: Sequence[Line], right: Sequence[Line]) -> list[Line]:
 # The frame ---------------------------------------------------------------------------
 def dashboard(snapshot: Snapshot, width: int, height: int) -> list[Line]:
     """The whole dashboard: exactly `height` lines of `width` cells."""
-    rows = _metric_rows(snapshot)
+    rows = metric_rows(snapshot)
     top = min(max(len(rows) + 3, 8), max(4, height // 3))
     plot = max(5, height - 2 - top - PROGRESS_HEIGHT)
     status_w = min(STATUS_WIDTH, max(20, width // 3))
@@ -131,21 +101,6 @@ def header(snapshot: Snapshot, width: int) -> Line:
     return line
 
 
-def _metric_rows(snapshot: Snapshot) -> list[tuple[str, str, dict[str, MetricView]]]:
-    """(name, unit, {split: view}) in registration order."""
-    order: dict[str, dict[str, MetricView]] = {}
-    units: dict[str, str] = {}
-    for view in snapshot.views:
-        order.setdefault(view.name, {})[view.split] = view
-        units.setdefault(view.name, view.unit)
-    if not order:
-        for _, name, unit, _ in snapshot.info.metrics:
-            order.setdefault(name, {})
-            units.setdefault(name, unit)
-    return [(name, units[name], splits) for name, splits in order.items()]
-
-
-METRIC_COLUMNS = (("train", "last"), ("train", "epoch"), ("valid", "last"), ("valid", "epoch"))
 _COLUMN_PRIORITY = (("train", "last"), ("valid", "last"), ("train", "epoch"), ("valid", "epoch"))
 CELL = 12
 
@@ -160,22 +115,13 @@ def metrics_panel(snapshot: Snapshot, rows: list, width: int, height: int) -> li
     name_w = inner - CELL * len(columns)
     body: list[Line] = [[(set_cell_size("  metric", name_w), "bold")]]
     body[0] += [(f"{split} {kind}".rjust(CELL), "bold") for split, kind in columns]
-    current = snapshot.progress.split if snapshot.progress else None
     for name, unit, splits in rows:
         selected = name == snapshot.selected
         line: Line = [
             (set_cell_size(("▸ " if selected else "  ") + name, name_w), "bold" if selected else "")
         ]
         for split, kind in columns:
-            view = splits.get(split)
-            value: float | str | None = None
-            if view is not None and kind == "last":
-                value = view.last
-            elif view is not None:
-                value = snapshot.last_epoch_values.get((split, name))
-                if value is None or (split == current and snapshot.reason is None):
-                    value = view.epoch_value
-            text = format_number(value, unit) if view is not None else ""
+            text = cell_text(snapshot, splits.get(split), kind, unit)
             line.append(
                 (
                     " " + text.rjust(CELL - 1) if len(text) < CELL else " " + text,

@@ -1,4 +1,5 @@
-"""Choosing a renderer for where output goes: the dashboard on a terminal, plain lines elsewhere."""
+"""Choosing a renderer for where output goes: a live display in a notebook, the dashboard
+on a terminal, plain lines elsewhere."""
 
 from __future__ import annotations
 
@@ -32,9 +33,28 @@ def wants_dashboard(
     return environ.get("TERM", "").strip().lower() != "dumb"
 
 
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (JupyterLab, Notebook, VS Code, Colab): IPython is
+    loaded and its shell has a kernel. A terminal IPython is not a notebook. Imports
+    nothing: without IPython already loaded, this is False."""
+    ipython = sys.modules.get("IPython")
+    get_ipython = getattr(ipython, "get_ipython", None)
+    if not callable(get_ipython):
+        return False
+    try:
+        shell = get_ipython()
+    except Exception:
+        return False
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
 def default_renderer() -> Renderer:
-    """`TuiRenderer()` on an interactive terminal, otherwise `PlainRenderer()` (pipes, log
-    files, CI, `TERM=dumb`)."""
+    """`NotebookRenderer()` in a Jupyter kernel, `TuiRenderer()` on an interactive
+    terminal, otherwise `PlainRenderer()` (pipes, log files, CI, `TERM=dumb`)."""
+    if in_notebook():
+        from ember.train.renderer.notebook import NotebookRenderer
+
+        return NotebookRenderer()
     if wants_dashboard():
         from ember.train.renderer.tui import TuiRenderer
 

@@ -15,7 +15,6 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 from rich import get_console
@@ -26,43 +25,13 @@ from rich.segment import Segment
 from rich.style import Style
 
 from ember.train.logger.base import MetricRecord
-from ember.train.logger.file import metric_file_name
 from ember.train.renderer.base import MetricView, Progress, RunInfo
-from ember.train.renderer.history import History
 from ember.train.renderer.keys import KeyReader
-from ember.train.renderer.panels import VIEWS, Snapshot, dashboard, select_metric
+from ember.train.renderer.panels import VIEWS, dashboard, select_metric
+from ember.train.renderer.state import RunTracker, Snapshot
 
 STOP_MESSAGE = "stopped from the dashboard"
 KILL_MESSAGE = "killed from the dashboard"
-TAIL_LIMIT = 100_000
-"""The most values read back from a log at a split's end (a few milliseconds at most)."""
-
-
-def _last_values(path: Path, count: int) -> list[float]:
-    """The values of the last `count` complete lines of a metric log (fewer if the file
-    is shorter; none if it cannot be read)."""
-    try:
-        with open(path, "rb") as handle:
-            size = handle.seek(0, os.SEEK_END)
-            block = count * 48 + 256
-            while True:
-                start = max(0, size - block)
-                handle.seek(start)
-                lines = handle.read(size - start).split(b"\n")[:-1]
-                if start > 0:
-                    lines = lines[1:]  # the first one may be cut
-                if len(lines) >= count or start == 0:
-                    break
-                block *= 2
-    except OSError:
-        return []
-    values = []
-    for line in lines[-count:]:
-        try:
-            values.append(float(line.split(b",", 1)[0]))
-        except ValueError:
-            pass
-    return values
 
 
 class _Frame:
@@ -134,25 +103,14 @@ class TuiRenderer:
         self._shutdown_lock = threading.RLock()
         self._started = False
         self._closed_down = False
-        self._info: RunInfo | None = None
-        self._progress: Progress | None = None
-        self._views: tuple[MetricView, ...] = ()
-        self._histories: dict[tuple[str, str], History] = {}
-        self._epoch_values: dict[tuple[str, str], dict[int, float]] = {}
-        self._names: list[str] = []
-        self._units: dict[str, str] = {}
+        self._run = RunTracker(recent=self.recent)
         self._selected: str | None = None
         self._view = VIEWS[0]
         self._prompt = False
         self._notice: str | None = None
-        self._reason: str | None = None
         self._closing = False
         self._version = 0
         self._urgent = False
-        self._durations: dict[str, float] = {}
-        self._seen: dict[tuple[str, str], tuple[int, int]] = {}
-        self._started_at = 0.0
-        self._ended_at: float | None = None
         self._wake = threading.Event()
         self._stop_drawing = threading.Event()
         self._key_pressed = threading.Event()
@@ -179,13 +137,8 @@ class TuiRenderer:
         if self._started:
             self._shutdown()
             self._reset()
-        self._info = info
-        self._started_at = time.monotonic()
-        for _, name, unit, numeric in info.metrics:
-            self._units.setdefault(name, unit)
-            if numeric and name not in self._names:
-                self._names.append(name)
-        self._selected = self._names[0] if self._names else None
+        self._run.start(info)
+        self._select_first()
         # rich's shared console: rich.print and RichHandler output then show above the dashboard.
         console = self.console if self.console is not None else get_console()
         self.console = console
@@ -224,30 +177,16 @@ class TuiRenderer:
     ) -> None:
         """Keep the new values for the next frame (called on the training thread)."""
         with self._lock:
-            self._progress = progress
-            self._views = tuple(metrics)
-            if records:
-                self._append(progress, records)
+            self._run.update(progress, metrics, records)
+            self._select_first()
             self._version += 1
 
     def end_split(self, progress: Progress, metrics: Sequence[MetricView]) -> None:
         """Record the split's epoch values (and the values logged after the last tick)."""
-        tails = self._missing_tails(progress)
+        tails = self._run.missing_tails(progress)
         with self._lock:
-            for name, values in tails.items():
-                self._history(progress.split, name).extend(
-                    progress.epoch,
-                    progress.num_iterations,
-                    values,
-                    progress.iteration - len(values) + 1,
-                )
-            self._progress = progress
-            self._views = tuple(metrics)
-            self._durations[progress.split] = progress.elapsed
-            for view in metrics:
-                if view.split == progress.split and isinstance(view.epoch_value, (int, float)):
-                    key = (view.split, view.name)
-                    self._epoch_values.setdefault(key, {})[progress.epoch] = float(view.epoch_value)
+            self._run.end_split(progress, metrics, tails)
+            self._select_first()
             self._version += 1
 
     def end(self, reason: str) -> None:
@@ -255,8 +194,7 @@ class TuiRenderer:
         if not self._started:
             return
         with self._lock:
-            self._reason = reason
-            self._ended_at = time.monotonic()
+            self._run.end(reason)
             self._prompt = False
             self._version += 1
         try:
@@ -298,11 +236,11 @@ class TuiRenderer:
                 elif key in ("c", "C", "q", "Q", "escape"):
                     self._prompt = False
             elif key in ("q", "Q"):
-                if self._reason is None:
+                if self._run.reason is None:
                     self._prompt = True
             elif key in ("left", "right"):
                 self._selected = select_metric(
-                    self._names, self._selected, 1 if key == "right" else -1
+                    self._run.names, self._selected, 1 if key == "right" else -1
                 )
             elif key in ("up", "down"):
                 index = VIEWS.index(self._view) + (1 if key == "down" else -1)
@@ -316,7 +254,7 @@ class TuiRenderer:
         self._wake.set()
 
     def _stop_run(self) -> None:
-        interrupter = self._info.interrupter if self._info is not None else None
+        interrupter = self._run.info.interrupter if self._run.info is not None else None
         if interrupter is None:
             with self._lock:
                 self._notice = "this run has no interrupter: it cannot be stopped from here"
@@ -330,7 +268,7 @@ class TuiRenderer:
         with self._lock:
             self._notice = "killed from the dashboard"
         self._shutdown()
-        interrupter = self._info.interrupter if self._info is not None else None
+        interrupter = self._run.info.interrupter if self._run.info is not None else None
         if interrupter is not None:
             # ember's SIGINT handler stops gracefully on a first Ctrl-C and raises
             # KeyboardInterrupt once a stop is pending: make this SIGINT the second.
@@ -340,130 +278,20 @@ class TuiRenderer:
             os.kill(os.getpid(), signal.SIGINT)
 
     # Drawing --------------------------------------------------------------------
-    def _history(self, split: str, name: str) -> History:
-        history = self._histories.get((split, name))
-        if history is None:
-            history = self._histories[(split, name)] = History(recent=self.recent)
-            if name not in self._names:
-                self._names.append(name)
-                if self._selected is None:
-                    self._selected = name
-        return history
-
-    def _append(self, progress: Progress, records: Sequence[MetricRecord]) -> None:
-        """New iteration values, grouped into runs of one metric (the processor's order)."""
-        split, epoch, total = progress.split, progress.epoch, progress.num_iterations
-        start, count = 0, len(records)
-        while start < count:
-            name = records[start].name
-            end = start + 1
-            while end < count and records[end].name == name:
-                end += 1
-            values = [r.value for r in records[start:end]]
-            self._history(split, name).extend(epoch, total, values, records[start].iteration)
-            self._seen[(split, name)] = (epoch, records[end - 1].iteration)
-            start = end
-
-    def _missing_tails(self, progress: Progress) -> dict[str, list[float]]:
-        """The values of the split's last iterations that came after the last tick: the
-        loop hands them to the loggers only, so read them back from the metric logs
-        (a few lines at the end of each file)."""
-        info = self._info
-        if info is None or not progress.iteration:
-            return {}
-        names = {
-            name for split, name, _, numeric in info.metrics if split == progress.split and numeric
-        }
-        names.update(name for split, name in self._histories if split == progress.split)
-        tails = {}
-        for name in names:
-            epoch, last = self._seen.get((progress.split, name), (progress.epoch, 0))
-            missing = progress.iteration - (last if epoch == progress.epoch else 0)
-            if 0 < missing <= TAIL_LIMIT:
-                path = Path(info.artifact_dir) / progress.split / f"epoch-{progress.epoch}"
-                values = _last_values(path / metric_file_name(name), missing)
-                if values:
-                    tails[name] = values
-                    self._seen[(progress.split, name)] = (progress.epoch, progress.iteration)
-        return tails
+    def _select_first(self) -> None:
+        """Chart the first numeric metric until one is chosen (called under the lock)."""
+        if self._selected is None and self._run.names:
+            self._selected = self._run.names[0]
 
     def _snapshot(self) -> Snapshot:
         with self._lock:
-            assert self._info is not None
-            name = self._selected
-            histories = {}
-            epochs = {}
-            for split in ("train", "valid"):
-                history = self._histories.get((split, name)) if name is not None else None
-                if history is not None:
-                    histories[split] = history.view()
-                values = self._epoch_values.get((split, name)) if name is not None else None
-                if values:
-                    epochs[split] = dict(values)
-            last = {
-                key: values[max(values)] for key, values in self._epoch_values.items() if values
-            }
-            end = self._ended_at if self._ended_at is not None else time.monotonic()
-            elapsed = end - self._started_at
-            fraction = self._fraction()
-            eta = None
-            if fraction and self._reason is None and fraction > 0.002:
-                eta = elapsed * (1 - fraction) / fraction
-            return Snapshot(
-                info=self._info,
-                progress=self._progress,
-                views=self._views,
-                names=tuple(self._names),
-                selected=name,
-                view=self._view,
-                units=dict(self._units),
-                histories=histories,
-                epoch_values=epochs,
-                last_epoch_values=last,
-                elapsed=elapsed,
-                fraction=fraction,
-                eta=eta,
-                recent=self.recent,
+            return self._run.snapshot(
+                self._selected,
+                self._view,
                 prompt=self._prompt,
-                notice=self._notice or self._interrupted(),
-                reason=self._reason,
+                notice=self._notice,
                 closing=self._closing,
             )
-
-    def _interrupted(self) -> str | None:
-        interrupter = self._info.interrupter if self._info is not None else None
-        if interrupter is not None and interrupter.should_stop():
-            return f"stopping: {interrupter.message}"
-        return None
-
-    def _fraction(self) -> float | None:
-        """The share of the run done: epochs done plus the current one, whose train and
-        valid parts are weighed by how long each took in the previous epoch."""
-        info, progress = self._info, self._progress
-        if info is None or progress is None:
-            return None
-        epochs = info.num_epochs - info.start_epoch + 1
-        if epochs <= 0:
-            return None
-        within = progress.iteration / progress.num_iterations if progress.num_iterations else 0.0
-        train = self._durations.get("train")
-        valid = self._durations.get("valid")
-        if progress.split == "train":
-            share = train / (train + valid) if train and valid else 1.0
-            done = share * within
-        else:
-            if not train:
-                share = 0.5
-            elif valid:
-                share = train / (train + valid)
-            else:
-                estimate = progress.elapsed / within if within > 0 else train
-                share = train / (train + estimate)
-            done = share + (1 - share) * within
-        value = (progress.epoch - info.start_epoch + min(1.0, done)) / epochs
-        if self._reason == "completed":
-            value = 1.0
-        return min(1.0, max(0.0, value))
 
     def _size(self) -> tuple[int, int]:
         assert self.console is not None
@@ -472,7 +300,7 @@ class TuiRenderer:
 
     def _draw(self) -> None:
         """Build the next frame (in the calling thread) and keep it for the next refresh."""
-        if self._info is None or self.console is None:
+        if self._run.info is None or self.console is None:
             return
         width, height = self._size()
         styles = self._styles
