@@ -125,7 +125,12 @@ def test_keys_work_again_after_ctrl_z_and_fg(tmp_path):
     args = [str(tmp_path / "run"), "--renderer", "tui", "--epochs", "40"]
     stty = tmp_path / "after.txt"
     with TmuxRun(tmp_path, args, shell=True) as run:
-        run.wait_screen("$", timeout=START)
+
+        def prompt() -> bool:  # the shell waits for a command (typing earlier feeds the job)
+            lines = [line for line in run.screen().splitlines() if line.strip()]
+            return bool(lines) and lines[-1].strip() == "$"
+
+        wait_for(prompt, START, "the shell's prompt", run.screen)
         run.keys(run.command, "Enter")
         run.wait_screen("Loss · full history", timeout=START)
         run.keys("C-z")
@@ -137,12 +142,8 @@ def test_keys_work_again_after_ctrl_z_and_fg(tmp_path):
         run.keys("q")
         run.wait_screen("stop the run?")
         run.keys("s")
-        wait_for(
-            lambda: "training stopped: stopped from the dashboard" in run.scrollback(),
-            30,
-            "the run to stop",
-            run.screen,
-        )
+        wait_for(prompt, 30, "the run to stop and the shell's prompt", run.screen)
+        assert "training stopped: stopped from the dashboard" in run.scrollback()
         run.keys(f"stty -a > {stty}", "Enter")
         wait_for(lambda: stty.exists() and stty.read_text(), 10, "stty", run.screen)
         assert terminal_restored(stty.read_text())
