@@ -279,3 +279,22 @@ def test_a_failing_run_gives_the_terminal_back(tmp_path):
     assert not renderer._live.is_started
     assert "training failed" in out.getvalue()
     assert out.getvalue().endswith("\x1b[?25h")  # the cursor is shown again
+
+
+def test_a_short_terminal_keeps_the_progress_and_the_stop_prompt():
+    from ember.train.renderer.base import Progress, RunInfo
+    from ember.train.renderer.panels import Snapshot, dashboard
+
+    info = RunInfo("/run", 1, 3, "Model", 10, ("cpu",), metrics=(("train", "Loss", "", True),))
+    progress = Progress("train", 2, 3, 5, 10, 320, 1.0)
+    snapshot = Snapshot(info, progress, (), ("Loss",), "Loss", "history", prompt=True)
+    for height in range(3, 17):
+        lines = dashboard(snapshot, 80, height)
+        text = ["".join(t for t, _ in line) for line in lines]
+        assert [len(line) for line in text] == [80] * height, height
+        assert text[0].startswith(" ember ") and "stop the run?" in text[-1], height
+        assert any(line.lstrip("│ ").startswith("epoch ━") for line in text), height
+        if height >= 4:
+            assert any(line.lstrip("│ ").startswith("total ━") for line in text), height
+        assert any("╭─ metrics" in line for line in text) == (height >= 10), height
+        assert any("full history" in line for line in text) == (height >= 16), height

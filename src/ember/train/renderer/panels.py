@@ -23,6 +23,8 @@ BORDER = "grey42"
 LABEL = "grey62"
 STATUS_WIDTH = 34
 PROGRESS_HEIGHT = 4
+FULL_HEIGHT = 16
+"""The fewest lines that hold every panel, the chart included."""
 
 
 # Lines -------------------------------------------------------------------------------
@@ -67,11 +69,15 @@ def beside(left: Sequence[Line], right: Sequence[Line]) -> list[Line]:
 
 # The frame ---------------------------------------------------------------------------
 def dashboard(snapshot: Snapshot, width: int, height: int) -> list[Line]:
-    """The whole dashboard: exactly `height` lines of `width` cells."""
+    """The whole dashboard: exactly `height` lines of `width` cells. Below `FULL_HEIGHT`
+    lines the chart goes first, then the metrics: the header, the progress and the
+    footer (which holds the stop prompt) stay on screen down to 3 lines."""
     rows = metric_rows(snapshot)
+    status_w = min(STATUS_WIDTH, max(20, width // 3))
+    if height < FULL_HEIGHT:
+        return _compact(snapshot, rows, width, height, status_w)
     top = min(max(len(rows) + 3, 8), max(4, height // 3))
     plot = max(5, height - 2 - top - PROGRESS_HEIGHT)
-    status_w = min(STATUS_WIDTH, max(20, width // 3))
     lines = [header(snapshot, width)]
     lines += beside(
         metrics_panel(snapshot, rows, width - status_w, top), status_panel(snapshot, status_w, top)
@@ -79,6 +85,28 @@ def dashboard(snapshot: Snapshot, width: int, height: int) -> list[Line]:
     lines += plot_panel(snapshot, width, plot)
     lines += progress_panel(snapshot, width)
     lines.append(footer(snapshot, width))
+    return [fit(line, width) for line in lines[:height]]
+
+
+def _compact(snapshot: Snapshot, rows: list, width: int, height: int, status_w: int) -> list[Line]:
+    """A short terminal: no chart; the metrics if there is room, the progress bars
+    (framed if there is room), and always the header and the footer."""
+    room = max(1, height - 2)
+    progress = progress_panel(snapshot, width)
+    body: list[Line] = []
+    if room >= PROGRESS_HEIGHT + 4:
+        top = room - PROGRESS_HEIGHT
+        body += beside(
+            metrics_panel(snapshot, rows, width - status_w, top),
+            status_panel(snapshot, status_w, top),
+        )
+        body += progress
+    elif room >= PROGRESS_HEIGHT:
+        body += progress
+    else:
+        body += progress[1:-1][:room]  # the bars, without their frame
+    body += [[] for _ in range(room - len(body))]
+    lines = [header(snapshot, width), *body[:room], footer(snapshot, width)]
     return [fit(line, width) for line in lines[:height]]
 
 

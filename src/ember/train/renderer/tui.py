@@ -296,7 +296,7 @@ class TuiRenderer:
     def _size(self) -> tuple[int, int]:
         assert self.console is not None
         size = self.console.size
-        return size.width, max(16, min(self.max_height, size.height - 1))
+        return size.width, max(3, min(self.max_height, size.height - 1))
 
     def _draw(self) -> None:
         """Build the next frame (in the calling thread) and keep it for the next refresh."""
