@@ -155,10 +155,7 @@ class MetricsProcessor:
 
     def flush(self) -> None:
         """A render tick: host transfer, loggers, renderer."""
-        records = self._drain()
-        if records:
-            for logger in self.loggers.get(self._split, ()):
-                logger.log(self._split, self._epoch, records)
+        records = self.sync()
         if self.renderer is not None:
             self.renderer.update(self.progress(), self.views(), records)
         self._next_tick = time.monotonic() + self.tick
