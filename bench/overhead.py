@@ -31,6 +31,7 @@ import timeit
 import torch
 import torch.nn.functional as F
 from torch import nn
+from worker import raw_train_epoch  # bench/ is this script's directory
 
 from ember.data.device import first_dim, to_device
 from ember.lr.base import LrDriver
@@ -80,20 +81,7 @@ def raw_run(batches) -> float:
     model = Linear()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     start = time.perf_counter()
-    model.train()
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    correct = torch.zeros((), dtype=torch.int64)
-    seen = 0
-    for inputs, targets in batches:
-        logits = model(inputs)
-        loss = F.cross_entropy(logits, targets)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            loss_sum += loss.detach() * targets.shape[0]
-            correct += (logits.argmax(dim=1) == targets).sum()
-        seen += targets.shape[0]
+    loss_sum, correct, _ = raw_train_epoch(model, optimizer, batches)
     loss_sum.item(), correct.item()
     return time.perf_counter() - start
 

@@ -185,6 +185,30 @@ def torch_net(name: str, mixin: type | None = None):
 
 
 # Variants ---------------------------------------------------------------------------
+def raw_train_epoch(model, optimizer, batches):
+    """One training epoch of the hand-written loop: the step, then accuracy and loss
+    accumulated on the device. Returns (loss sum, correct count, samples), loss sum and
+    count still tensors (read once, by the caller)."""
+    import torch
+    import torch.nn.functional as F
+
+    model.train()
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    correct = torch.zeros((), dtype=torch.int64)
+    seen = 0
+    for inputs, targets in batches:
+        logits = model(inputs)
+        loss = F.cross_entropy(logits, targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            loss_sum += loss.detach() * targets.shape[0]
+            correct += (logits.argmax(dim=1) == targets).sum()
+        seen += targets.shape[0]
+    return loss_sum, correct, seen
+
+
 def run_raw(model_name: str, n_train: int, n_valid: int, scratch: str) -> dict:
     """A hand-written loop as a careful user writes it: metrics accumulate on the
     device and are read once at the end of each split; nothing is written per step."""
@@ -200,20 +224,7 @@ def run_raw(model_name: str, n_train: int, n_valid: int, scratch: str) -> dict:
     setup = time.perf_counter() - t0
 
     start, start_cpu = time.perf_counter(), time.process_time()
-    model.train()
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    correct = torch.zeros((), dtype=torch.int64)
-    seen = 0
-    for images, targets in train_loader:
-        logits = model(images)
-        loss = F.cross_entropy(logits, targets)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            loss_sum += loss.detach() * targets.shape[0]
-            correct += (logits.argmax(dim=1) == targets).sum()
-        seen += targets.shape[0]
+    loss_sum, correct, seen = raw_train_epoch(model, optimizer, train_loader)
     train_loss, train_acc = loss_sum.item() / seen, 100.0 * correct.item() / seen
 
     model.eval()
