@@ -1,9 +1,14 @@
-"""A tiny classification task for the tests: trains in well under a second."""
+"""A tiny classification task for the tests (trains in well under a second), and
+helpers that run Python in a subprocess."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -43,13 +48,32 @@ class BlobBatcher:
 
 
 class Classifier(nn.Module):
-    """A small MLP with the two step methods, and a record of the modes it ran in."""
+    """A small MLP with the two step methods, and a record of the modes it ran in.
 
-    def __init__(self, features: int = 8, classes: int = 3, hidden: int = 16):
+    `hidden` is the width of the hidden layer, or of each one in turn (a sequence);
+    each is followed by a ReLU. Dropout with probability `dropout` comes after the
+    first ReLU, and is left out when `dropout` is 0. The defaults give
+    Linear(8, 16), ReLU, Dropout(0.1), Linear(16, 3).
+    """
+
+    def __init__(
+        self,
+        features: int = 8,
+        classes: int = 3,
+        hidden: int | Sequence[int] = 16,
+        dropout: float = 0.1,
+    ):
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(features, hidden), nn.ReLU(), nn.Dropout(0.1), nn.Linear(hidden, classes)
-        )
+        widths = [hidden] if isinstance(hidden, int) else list(hidden)
+        layers: list[nn.Module] = []
+        width_in = features
+        for index, width in enumerate(widths):
+            layers += [nn.Linear(width_in, width), nn.ReLU()]
+            if index == 0 and dropout:
+                layers.append(nn.Dropout(dropout))
+            width_in = width
+        layers.append(nn.Linear(width_in, classes))
+        self.net = nn.Sequential(*layers)
         self.seen: list[tuple[str, bool, bool]] = []
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -66,3 +90,19 @@ class Classifier(nn.Module):
     def valid_step(self, batch: Batch) -> ClassificationOutput:
         self.seen.append(("valid", self.training, torch.is_inference_mode_enabled()))
         return self.classify(batch)
+
+
+def run_script(script: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run `python script ARGS` with this interpreter; its output is captured as text."""
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def fresh(code: str) -> Any:
+    """What `code` prints as JSON, run in a fresh interpreter (which must exit with 0)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)

@@ -164,8 +164,8 @@ def test_restore_best_hands_back_the_best_epoch_weights(tmp_path, loaders, quiet
     for name, value in model.state_dict().items():
         assert torch.equal(value, best[name]), name
     assert (
-        "Restored the weights of epoch 2, best valid Loss"
-        in (tmp_path / "experiment.log").read_text()
+        "Restored the weights of epoch 2, best by the checkpointing strategy (keeps the last "
+        "2 and the best valid Loss (lowest))" in (tmp_path / "experiment.log").read_text()
     )
 
 

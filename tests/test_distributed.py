@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import torch
+from ember_testing import run_script
 
 from ember.record import DefaultRecorder
 from ember.train.summary import LearnerSummary
@@ -16,12 +17,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
 
 
 def run(directory: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), str(directory), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_script(SCRIPT, str(directory), *args, timeout=timeout)
 
 
 def epoch_values(directory: Path) -> dict[tuple[str, str], tuple[float, float]]:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from typing import Any
+from ember_testing import fresh
 
 HEAVY = [
     "tensorboard",
@@ -17,12 +14,6 @@ HEAVY = [
     "plotext",
     "IPython",
 ]
-
-
-def fresh(code: str) -> Any:
-    """What `code` prints as JSON, run in a fresh interpreter."""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
 
 
 def test_import_ember_loads_no_optional_integration():

@@ -19,15 +19,13 @@ import io
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from ember_testing import Batch, BlobBatcher, BlobDataset
-from torch import nn
+from ember_testing import BlobBatcher, BlobDataset, Classifier
 
 import ember
 from ember.data import DataLoaderBuilder
 from ember.optim import AdamConfig
 from ember.record import CompactRecorder
-from ember.train import ClassificationOutput, LearnerBuilder, TrainOutput
+from ember.train import LearnerBuilder
 from ember.train.logger import read_metric_log
 from ember.train.metric import AccuracyMetric, LossMetric
 from ember.train.renderer import PlainRenderer
@@ -37,34 +35,13 @@ SHUFFLE_SEED, INIT_SEED, TRAIN_SEED = 5, 11, 1234
 LR, EPS = 1e-2, 1e-5  # EPS: AdamConfig's default, given to torch's Adam by hand
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(8, 32),
-            nn.ReLU(),
-            nn.Dropout(0.3),
-            nn.Linear(32, 32),
-            nn.ReLU(),
-            nn.Linear(32, 3),
-        )
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.net(inputs)
-
-    def classify(self, batch: Batch) -> ClassificationOutput:
-        output = self(batch.inputs)
-        return ClassificationOutput(F.cross_entropy(output, batch.targets), output, batch.targets)
-
-    def train_step(self, batch: Batch) -> TrainOutput:
-        return TrainOutput(self.classify(batch))
-
-    def valid_step(self, batch: Batch) -> ClassificationOutput:
-        return self.classify(batch)
+def make_model() -> Classifier:
+    """Two hidden layers of 32 with dropout: the loops must draw from the RNG alike."""
+    return Classifier(hidden=(32, 32), dropout=0.3)
 
 
 def raw_loop(
-    model: Net, optimizer: torch.optim.Optimizer, dataset: BlobDataset, accumulation: int
+    model: Classifier, optimizer: torch.optim.Optimizer, dataset: BlobDataset, accumulation: int
 ) -> list[list[float]]:
     """Train by hand; return each epoch's per-iteration losses. With `accumulation`
     batches per optimizer step, each batch's loss is weighted by its share of the
@@ -112,7 +89,7 @@ def test_ember_matches_a_raw_loop_bit_for_bit(
 ):
     dataset, valid = BlobDataset(SIZE, seed=0), BlobDataset(40, seed=1)
     torch.manual_seed(INIT_SEED)
-    initial = Net()
+    initial = make_model()
     raw_model, ember_model = copy.deepcopy(initial), copy.deepcopy(initial)
 
     torch.manual_seed(TRAIN_SEED)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ember_testing import Classifier
+from ember_testing import Classifier, run_script
 
 from ember.record import DefaultRecorder
 from ember.train.logger import read_metric_log
@@ -19,12 +19,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "train_blobs.py"
 
 
 def run(directory: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), str(directory), *extra],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_script(SCRIPT, str(directory), *extra, timeout=timeout)
 
 
 def final_weights(directory: Path) -> dict[str, torch.Tensor]:

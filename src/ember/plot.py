@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ember.errors import EmberError
-from ember.train.logger.file import read_metric_log, weighted_mean
-from ember.train.run import epoch_dirs
+from ember.train.artifacts import SPLITS, Artifacts, read_metric_log
+from ember.train.summary import epoch_values
 
-SPLITS = ("train", "valid")
 COLOURS = {"train": "#1f77b4", "valid": "#ff7f0e"}
 SMOOTH_ABOVE = 60
 """Curves with more points than this get a smoothed line over the faint raw one."""
@@ -30,6 +29,8 @@ class MetricLogs:
 
     name: str
     splits: dict[str, dict[int, list[tuple[float, float]]]] = field(default_factory=dict)
+    epoch_values: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """Per split, the run's exact epoch values (from its history)."""
 
     def iterations(self, split: str) -> tuple[list[int], list[float], list[tuple[int, int]]]:
         """Global iteration numbers (1-based, counted across epochs), values, and each
@@ -46,12 +47,8 @@ class MetricLogs:
         return xs, ys, starts
 
     def epochs(self, split: str) -> tuple[list[int], list[float]]:
-        """Epoch numbers and epoch values (weighted means, as the summary computes them)."""
-        pairs = [
-            (epoch, weighted_mean(rows))
-            for epoch, rows in sorted(self.splits.get(split, {}).items())
-            if rows
-        ]
+        """Epoch numbers and epoch values (the run history's, as the summary shows them)."""
+        pairs = self.epoch_values.get(split, [])
         return [e for e, _ in pairs], [v for _, v in pairs]
 
 
@@ -61,12 +58,14 @@ def read_run(artifact_dir: str | os.PathLike[str]) -> list[MetricLogs]:
     if not root.is_dir():
         raise EmberError(f"{root}: no such artifact directory.")
     metrics: dict[str, MetricLogs] = {}
+    artifacts = Artifacts(root)
     for split in SPLITS:
-        for epoch, folder in sorted(epoch_dirs(root / split).items()):
-            for log in sorted(folder.glob("*.log")):
-                rows = read_metric_log(log)
-                logs = metrics.setdefault(log.stem, MetricLogs(log.stem))
-                logs.splits.setdefault(split, {})[epoch] = rows
+        for epoch, stem, path in artifacts.metric_logs(split):
+            logs = metrics.setdefault(stem, MetricLogs(stem))
+            logs.splits.setdefault(split, {})[epoch] = read_metric_log(path)
+    for (split, stem), values in epoch_values(root).items():
+        if stem in metrics:
+            metrics[stem].epoch_values[split] = values
     found = [
         m for m in metrics.values() if any(rows for s in m.splits.values() for rows in s.values())
     ]

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from ember_testing import fresh
 
 from ember.data.datasets import MnistDataset, MnistItem, mnist
 from ember.data.datasets.idx import read_idx
@@ -479,8 +480,7 @@ def test_importing_datasets_pulls_in_nothing_heavy():
         "import json, sys, ember.data.datasets as d; d.MnistDataset;"
         f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == []
+    assert fresh(code) == []
 
 
 # --------------------------------------------------------------------------- real data

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+from ember_testing import fresh
 
 
 def test_import_loggers_leaves_tensorboard_and_mlflow_unloaded():
@@ -14,5 +12,4 @@ def test_import_loggers_leaves_tensorboard_and_mlflow_unloaded():
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('tensorboard', 'mlflow') or m.startswith('torch.utils.tensorboard'))))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == []
+    assert fresh(code) == []

@@ -22,6 +22,7 @@ import ember
 import ember.train.renderer.notebook as notebook
 from ember.optim import AdamConfig
 from ember.train import LearnerBuilder
+from ember.train.history import RunHistory
 from ember.train.logger import read_metric_log
 from ember.train.logger.base import MetricRecord
 from ember.train.logger.file import weighted_mean
@@ -35,7 +36,6 @@ from ember.train.renderer import (
 )
 from ember.train.renderer.base import MetricView, Progress, RunInfo
 from ember.train.renderer.format import format_number
-from ember.train.summary import logged_epoch_values
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "notebooks" / "quickstart.ipynb"
@@ -152,12 +152,12 @@ def test_the_final_view_holds_the_run_as_logged(executed):
     assert "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
     assert text.splitlines()[0].startswith("ember · Classifier · ")
     assert text.splitlines()[0].endswith(" · completed")
-    logged = logged_epoch_values(root)
+    logged = dict(RunHistory.load(root / "history.json").epochs)[last]
     for split in ("train", "valid"):
         for name in names:
             lines = read_metric_log(root / split / f"epoch-{last}" / f"{name}.log")
             epoch_value = weighted_mean(lines)
-            assert logged[(split, last, name)] == pytest.approx(epoch_value, rel=1e-5)
+            assert logged[split][name] == pytest.approx(epoch_value, rel=1e-12)
             for value in (epoch_value, lines[-1][0]):  # the epoch value, the last iteration's
                 shown = format_number(value, UNITS[name])
                 assert f">{html.escape(shown)}</td>" in page, (split, name, shown)
@@ -175,7 +175,7 @@ def test_no_output_carries_terminal_control_codes(executed):
 def test_the_artifact_directory_has_the_standard_layout(executed):
     root = executed.artifact_dir
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    expected = ["experiment.log"] + [
+    expected = ["experiment.log", "history.json"] + [
         f"{split}/epoch-{epoch}/{name}.log"
         for split in ("train", "valid")
         for epoch in range(1, 11)

@@ -13,11 +13,13 @@ import argparse
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ember_testing
+
+from ember_testing import Batch, Classifier
 
 from ember.optim import AdamConfig
 from ember.train import ClassificationOutput, LearnerBuilder, TrainOutput
@@ -28,25 +30,14 @@ USER_PRINT = "user print from train_step"
 USER_WARNING = "user warning from train_step"
 
 
-@dataclass
-class Batch:
-    inputs: torch.Tensor
-    targets: torch.Tensor
+class Blobs(Classifier):
+    """Linear(8, 16), ReLU, Linear(16, 3) that sleeps in each step, and prints and logs
+    a warning in its fifth training step."""
 
-
-class Blobs(nn.Module):
     def __init__(self, sleep: float) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+        super().__init__(dropout=0.0)
         self.sleep = sleep
         self.steps = 0
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.net(inputs)
-
-    def classify(self, batch: Batch) -> ClassificationOutput:
-        output = self(batch.inputs)
-        return ClassificationOutput(F.cross_entropy(output, batch.targets), output, batch.targets)
 
     def train_step(self, batch: Batch) -> TrainOutput:
         self.steps += 1
@@ -54,11 +45,11 @@ class Blobs(nn.Module):
             print(USER_PRINT)
             logging.getLogger("user").warning(USER_WARNING)
         time.sleep(self.sleep)
-        return TrainOutput(self.classify(batch))
+        return super().train_step(batch)
 
     def valid_step(self, batch: Batch) -> ClassificationOutput:
         time.sleep(self.sleep / 2)
-        return self.classify(batch)
+        return super().valid_step(batch)
 
 
 def blobs(count: int, seed: int, size: int = 16) -> list[Batch]:

@@ -249,19 +249,6 @@ def inline_tensor_decoder(dialect: Dialect) -> TensorDecoder:
     return decode
 
 
-def map_tensors(tree: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply `fn` to every tensor of a decoded tree, keeping containers and key types."""
-    if isinstance(tree, torch.Tensor):
-        return fn(tree)
-    if isinstance(tree, dict):
-        return {k: map_tensors(v, fn) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [map_tensors(v, fn) for v in tree]
-    if isinstance(tree, tuple):
-        return tuple(map_tensors(v, fn) for v in tree)
-    return tree
-
-
 def format_path(path: KeyPath) -> str:
     """Human-readable location of a value, e.g. state[0]['exp_avg']."""
     return "state" + "".join(f"[{k!r}]" for k in path)

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from ember.errors import RecordError
-from ember.record.codec import map_tensors
 from ember.record.header import Record
+from ember.record.tree import map_tensors
 
 MAX_REPORTED = 10
 """Most key problems listed in one error message."""

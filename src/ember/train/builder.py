@@ -5,23 +5,37 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from ember.environment import from_environment
 from ember.errors import ConfigError
 from ember.lr.base import ConstantLr, LrDriver
+from ember.train.artifacts import Artifacts
+from ember.train.checkpoint.base import Checkpointer
 from ember.train.checkpoint.file import FileCheckpointer
 from ember.train.checkpoint.strategy import (
+    CheckpointingStrategy,
     ComposedCheckpointingStrategy,
     KeepLastNCheckpoints,
     MetricCheckpointingStrategy,
 )
-from ember.train.distributed import from_environment, process_device
+from ember.train.distributed import process_device
+from ember.train.early_stopping import EarlyStoppingStrategy
+from ember.train.events import Listener
 from ember.train.interrupter import Interrupter
 from ember.train.logger.base import MetricLogger
+from ember.train.metric.base import Metric
 from ember.train.optimization import Optimization, check_mixed_precision
+from ember.train.options import LearnerOptions, RegisteredMetric
+from ember.train.plugins import check_plugin
+from ember.train.renderer.base import Renderer
 from ember.train.step import check_steps
+
+if TYPE_CHECKING:
+    from ember.record.protocol import Recorder
+    from ember.train.learner import Learner
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -40,42 +54,38 @@ class LearnerBuilder:
     def __init__(self, artifact_dir: str | os.PathLike[str], *, overwrite: bool = False) -> None:
         self._artifact_dir = Path(artifact_dir)
         self._overwrite = overwrite
-        self._metrics: dict[str, list[tuple[Any, bool]]] = {"train": [], "valid": []}
+        self._metrics: dict[str, list[RegisteredMetric]] = {"train": [], "valid": []}
         self._loggers: dict[str, list[MetricLogger]] = {"train": [], "valid": []}
-        self._renderer: Any = None
+        self._renderer: Renderer | None = None
         self._grads_accumulation = 1
-        self._recorder: Any = None
+        self._recorder: Recorder | None = None
+        self._checkpointer: Checkpointer | None = None
         self._num_epochs = 1
         self._devices: list[torch.device] | None = None
         self._timeout = 300.0
         self._checkpoint: int | str | None = None
         self._interrupter = Interrupter()
-        self._listeners: list[Any] = []
+        self._listeners: list[Listener] = []
         self._application_log: bool = True
         self._summary = False
         self._mixed_precision: str | None = None
         self._clip_norm: float | None = None
         self._clip_value: float | None = None
         self._nonfinite = "stop"
-        self._early_stopping: Any = None
-        self._strategy: Any = None
+        self._early_stopping: EarlyStoppingStrategy | None = None
+        self._strategy: CheckpointingStrategy | None = None
         self._on_checkpoint_error = "stop"
 
     # Metrics -----------------------------------------------------------------
     def _add_metric(self, split: str, metric: Any, numeric: bool) -> LearnerBuilder:
-        for attribute in ("name", "input_type", "update", "clear"):
-            if not hasattr(metric, attribute):
-                raise ConfigError(
-                    f"{type(metric).__name__} is not a metric: it has no `{attribute}`. A metric "
-                    "has `name`, `input_type`, `update(input, meta)` and `clear()`."
-                )
+        check_plugin(metric, Metric, "a metric")
         name = str(metric.name)
-        if any(str(existing.name) == name for existing, _ in self._metrics[split]):
+        if any(existing.name == name for existing in self._metrics[split]):
             raise ConfigError(
                 f"The metric {name!r} is registered twice for {split}: register each metric "
                 "once per split (a numeric metric is also shown as text)."
             )
-        self._metrics[split].append((metric, numeric))
+        self._metrics[split].append(RegisteredMetric(metric, numeric))
         return self
 
     def metric_train(self, metric: Any) -> LearnerBuilder:
@@ -101,22 +111,19 @@ class LearnerBuilder:
         valid: MetricLogger | Sequence[MetricLogger],
     ) -> LearnerBuilder:
         """Extra metric loggers per split, beside the files under `train/` and `valid/`
-        (which are always written: summaries and best-epoch choices read them)."""
+        (which are always written: `ember plot` and custom tools read them)."""
         for split, given in (("train", train), ("valid", valid)):
-            loggers = list(given) if isinstance(given, (list, tuple)) else [given]
+            loggers: list[Any] = list(given) if isinstance(given, (list, tuple)) else [given]
             for logger in loggers:
-                if not all(hasattr(logger, name) for name in ("log", "end_epoch", "close")):
-                    raise ConfigError(
-                        f"{type(logger).__name__} is not a metric logger: it needs "
-                        "log(split, epoch, records), end_epoch(split, epoch, aggregates), close()."
-                    )
-            self._loggers[split].extend(loggers)  # type: ignore[arg-type]
+                check_plugin(logger, MetricLogger, "a metric logger")
+            self._loggers[split].extend(loggers)
         return self
 
     def renderer(self, renderer: Any) -> LearnerBuilder:
         """How progress is shown (default: a live display in a notebook cell, the live
         dashboard on a terminal, plain text lines otherwise: when output is piped, `CI`
         is set or `TERM=dumb`)."""
+        check_plugin(renderer, Renderer, "a renderer")
         self._renderer = renderer
         return self
 
@@ -132,8 +139,7 @@ class LearnerBuilder:
 
     def listener(self, listener: Any) -> LearnerBuilder:
         """Register an object with `on_event(event)` to hook into the loop."""
-        if not callable(getattr(listener, "on_event", None)):
-            raise ConfigError(f"{type(listener).__name__} has no on_event(event) method.")
+        check_plugin(listener, Listener, "a listener")
         self._listeners.append(listener)
         return self
 
@@ -174,25 +180,27 @@ class LearnerBuilder:
         """Save model, optimizer and scheduler states under `checkpoint/` after each epoch
         (and when a run is stopped mid-epoch). A failed write stops the run, or with
         `on_checkpoint_error="warn"` is logged and training goes on."""
-        for attribute in ("save", "load", "file_extension"):
-            if not hasattr(recorder, attribute):
-                raise ConfigError(
-                    f"{type(recorder).__name__} is not a recorder: it has no `{attribute}`."
-                )
-        if on_checkpoint_error not in ("stop", "warn"):
-            raise ConfigError(
-                f"on_checkpoint_error must be 'stop' or 'warn', got {on_checkpoint_error!r}."
-            )
-        self._recorder = recorder
-        self._on_checkpoint_error = on_checkpoint_error
+        from ember.record.protocol import Recorder  # not at import: ember.record loads msgpack
+
+        check_plugin(recorder, Recorder, "a recorder")
+        self._on_checkpoint_error = _checkpoint_error_policy(on_checkpoint_error)
+        self._recorder, self._checkpointer = recorder, None
+        return self
+
+    def with_checkpointer(
+        self, checkpointer: Checkpointer, *, on_checkpoint_error: str = "stop"
+    ) -> LearnerBuilder:
+        """Save checkpoints with any `Checkpointer` (see `ember.train.checkpoint.base`):
+        the same saving, resuming and retention as the file checkpointer, in another
+        storage."""
+        check_plugin(checkpointer, Checkpointer, "a checkpointer")
+        self._on_checkpoint_error = _checkpoint_error_policy(on_checkpoint_error)
+        self._checkpointer, self._recorder = checkpointer, None
         return self
 
     def with_checkpointing_strategy(self, strategy: Any) -> LearnerBuilder:
         """Which checkpoints to keep (default: the last 2 epochs and the best by valid loss)."""
-        if not callable(getattr(strategy, "keep", None)):
-            raise ConfigError(
-                f"{type(strategy).__name__} is not a checkpointing strategy (no keep())."
-            )
+        check_plugin(strategy, CheckpointingStrategy, "a checkpointing strategy")
         self._strategy = strategy
         return self
 
@@ -228,8 +236,7 @@ class LearnerBuilder:
 
     def early_stopping(self, strategy: Any) -> LearnerBuilder:
         """Stop when the strategy says so, after that epoch's checkpoint."""
-        if not callable(getattr(strategy, "should_stop", None)):
-            raise ConfigError(f"{type(strategy).__name__} is not an early stopping strategy.")
+        check_plugin(strategy, EarlyStoppingStrategy, "an early stopping strategy")
         self._early_stopping = strategy
         return self
 
@@ -238,11 +245,12 @@ class LearnerBuilder:
         return self._interrupter
 
     # Build -------------------------------------------------------------------
-    def build(self, model: torch.nn.Module, optimizer: Any, lr: Any) -> Any:
+    def build(self, model: torch.nn.Module, optimizer: Any, lr: Any) -> Learner:
         """The Learner for `model`. `optimizer` is a torch optimizer over the model's
         parameters or an ember optimizer config; `lr` a float, an ember scheduler or a
         `torch.optim.lr_scheduler` object."""
         from ember.train.learner import Learner
+        from ember.train.renderer.select import default_renderer
 
         if not isinstance(model, torch.nn.Module):
             raise ConfigError(f"build() needs a torch.nn.Module, got {type(model).__name__}.")
@@ -264,52 +272,52 @@ class LearnerBuilder:
             self._clip_norm,
             self._clip_value,
         )
-        checkpointer = None
+        checkpointer = self._checkpointer
         if self._recorder is not None:
             checkpointer = FileCheckpointer(
-                self._artifact_dir / "checkpoint", self._recorder, self._retention()
+                Artifacts(self._artifact_dir).checkpoints, self._recorder
             )
         self._check_resume(checkpointer)
-        from ember.train.renderer.select import default_renderer
-
-        return Learner(
+        options = LearnerOptions(
             model=model,
             optimization=optimization,
             device=device,
-            devices=self._devices,
+            devices=tuple(self._devices) if self._devices is not None else None,
             distributed_timeout=self._timeout,
             artifact_dir=self._artifact_dir,
             overwrite=self._overwrite,
             num_epochs=self._num_epochs,
-            metrics=self._metrics,
-            loggers=self._loggers,
+            metrics={split: tuple(entries) for split, entries in self._metrics.items()},
+            loggers={split: tuple(loggers) for split, loggers in self._loggers.items()},
             renderer=self._renderer if self._renderer is not None else default_renderer(),
             grads_accumulation=self._grads_accumulation,
             checkpointer=checkpointer,
+            strategy=self._retention() if checkpointer is not None else None,
             resume_from=self._checkpoint,
+            on_checkpoint_error=self._on_checkpoint_error,
             interrupter=self._interrupter,
-            listeners=self._listeners,
+            listeners=tuple(self._listeners),
             application_log=self._application_log,
             summary=self._summary,
             early_stopping=self._early_stopping,
             nonfinite_loss=self._nonfinite,
-            on_checkpoint_error=self._on_checkpoint_error,
         )
+        return Learner(options)
 
-    def _retention(self) -> Any:
+    def _retention(self) -> CheckpointingStrategy:
         if self._strategy is not None:
             return self._strategy
         keep_last = KeepLastNCheckpoints(2)
-        if any(str(metric.name) == "Loss" for metric, _ in self._metrics["valid"]):
+        if any(entry.name == "Loss" for entry in self._metrics["valid"]):
             return ComposedCheckpointingStrategy(keep_last, MetricCheckpointingStrategy("Loss"))
         return keep_last
 
-    def _check_resume(self, checkpointer: FileCheckpointer | None) -> None:
+    def _check_resume(self, checkpointer: Checkpointer | None) -> None:
         if self._checkpoint is None:
             return
         if checkpointer is None:
             raise ConfigError(
-                "checkpoint() resumes from saved files, but no file checkpointer is set: "
+                "checkpoint() resumes from saved checkpoints, but no checkpointer is set: "
                 "add with_file_checkpointer(recorder) with the recorder of the first run."
             )
         available = checkpointer.epochs()
@@ -318,13 +326,19 @@ class LearnerBuilder:
             if not available:
                 raise ConfigError(
                     f"checkpoint('latest'): there is no complete checkpoint in "
-                    f"{checkpointer.directory}. Start without checkpoint()."
+                    f"{checkpointer}. Start without checkpoint()."
                 )
         elif self._checkpoint not in available:
             raise ConfigError(
                 f"checkpoint({self._checkpoint}): there is no checkpoint of epoch "
-                f"{self._checkpoint} in {checkpointer.directory} (epochs saved: {listing})."
+                f"{self._checkpoint} in {checkpointer} (epochs saved: {listing})."
             )
+
+
+def _checkpoint_error_policy(value: str) -> str:
+    if value not in ("stop", "warn"):
+        raise ConfigError(f"on_checkpoint_error must be 'stop' or 'warn', got {value!r}.")
+    return value
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:

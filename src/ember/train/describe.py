@@ -22,9 +22,9 @@ def run_info(learner: Any, start_epoch: int) -> RunInfo:
         if learner.dist is not None and learner.devices and len(learner.devices) > 1
         else (str(learner.device),),
         metrics=tuple(
-            (split, str(metric.name), str(getattr(metric, "unit", "")), numeric)
+            (split, entry.name, entry.unit, entry.numeric)
             for split, entries in learner.metrics.items()
-            for metric, numeric in entries
+            for entry in entries
         ),
         interrupter=learner.interrupter,
     )
@@ -33,7 +33,7 @@ def run_info(learner: Any, start_epoch: int) -> RunInfo:
 def describe_run(learner: Any, info: RunInfo) -> str:
     """The first line of experiment.log: what is trained, where and how."""
     names = {
-        split: ", ".join(str(m.name) for m, _ in entries) or "none"
+        split: ", ".join(entry.name for entry in entries) or "none"
         for split, entries in learner.metrics.items()
     }
     optim = learner.optim

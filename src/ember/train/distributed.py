@@ -29,9 +29,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ember.environment import from_environment, in_notebook
 from ember.errors import TrainingError
 
-log = logging.getLogger("ember")
+log = logging.getLogger(__name__)
 _VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -141,15 +142,6 @@ class Distributed:
                 os.environ[name] = value
 
 
-def from_environment() -> tuple[int, int, int] | None:
-    """(rank, world size, local rank) when launched by torchrun or by ember, else None."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1 or "RANK" not in os.environ:
-        return None
-    rank = int(os.environ["RANK"])
-    return rank, world, int(os.environ.get("LOCAL_RANK", rank))
-
-
 def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed | None:
     """Join (or start, then join) the process group; None for a single process."""
     placement = from_environment()
@@ -214,8 +206,6 @@ def _free_port() -> int:
 
 
 def _command() -> list[str]:
-    from ember.train.renderer.select import in_notebook
-
     if in_notebook():  # running the command again would start more kernels
         raise TrainingError(
             "Training on several devices starts one process per device, which a notebook "
@@ -293,49 +283,3 @@ def _watch(context: Distributed, grace: float = 10.0) -> None:
                     os._exit(1)
                 return
         time.sleep(0.2)
-
-
-class SilentRenderer:
-    """What ranks other than 0 render: nothing."""
-
-    def start(self, info: Any) -> None:
-        pass
-
-    def update(self, progress: Any, metrics: Any, records: Any) -> None:
-        pass
-
-    def end_split(self, progress: Any, metrics: Any) -> None:
-        pass
-
-    def end(self, reason: str) -> None:
-        pass
-
-
-class BatchPlan:
-    """How many samples every rank has in each step of an epoch, known to every rank
-    without communication (the sharding is deterministic). It lets each rank weight
-    its loss so the synchronised gradient is the gradient of the global mean loss,
-    even when the last batches are uneven."""
-
-    def __init__(self, lengths: Sequence[int], batch_size: int, drop_last: bool) -> None:
-        self.lengths = list(lengths)
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        counts = [self._batches(length) for length in self.lengths]
-        self.min_batches = min(counts)
-
-    def _batches(self, length: int) -> int:
-        return length // self.batch_size if self.drop_last else -(-length // self.batch_size)
-
-    def size(self, rank: int, step: int) -> int:
-        """Samples of `rank` in its `step`-th batch (0-based) of this epoch's run."""
-        size = min(self.batch_size, max(0, self.lengths[rank] - step * self.batch_size))
-        return 0 if self.drop_last and size < self.batch_size else size
-
-    def global_items(self, first: int, count: int = 1) -> int:
-        """Samples of all ranks in steps `first` .. `first + count - 1`."""
-        return sum(
-            self.size(rank, step)
-            for rank in range(len(self.lengths))
-            for step in range(first, first + count)
-        )

@@ -37,7 +37,6 @@ class LossGuard:
         self.immediate = device.type == "cpu" or policy == "skip"
         self.every = every
         self._pending: list[tuple[int, int, torch.Tensor]] = []
-        self.skipped = 0
 
     def check(self, loss: torch.Tensor, epoch: int, iteration: int) -> bool:
         """True when the loss is finite (as far as is known now)."""
@@ -46,7 +45,6 @@ class LossGuard:
             if math.isfinite(value):
                 return True
             if self.policy == "skip":
-                self.skipped += 1
                 return False
             raise self._error(value, epoch, iteration)
         self._pending.append((epoch, iteration, torch.isfinite(loss.detach())))

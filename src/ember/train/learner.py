@@ -1,82 +1,91 @@
 """`Learner.fit`: the training loop, top to bottom.
 
-fit -> epochs -> (train split, valid split, end of epoch). A train iteration is
-step -> backward -> (every n batches) optimizer step -> metrics and events. Metrics,
-loggers, the renderer, the checkpointer and listeners only receive what the loop
-hands them.
+fit -> epochs -> (train epoch, valid epoch, end of epoch). A train epoch takes each
+optimizer step from the epoch's batch plan (`batches.py`), runs its batches (step,
+backward, metrics), steps the optimizer and decides whether to stop. Checkpoints
+(`checkpoint/policy.py`), the artifact directory (`artifacts.py`) and the epoch
+history (`history.py`) have owners of their own; metrics, loggers, the renderer and
+listeners only receive what the loop hands them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
-from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Mapping
 
 import torch
 
-from ember.data.device import first_dim, to_device
+from ember.data.device import to_device
 from ember.errors import TrainingError
 from ember.rng import capture_rng_state, restore_rng_state
-from ember.train.checkpoint.file import FileCheckpointer
+from ember.train.artifacts import Artifacts
+from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size
+from ember.train.checkpoint.policy import CheckpointPolicy, Resume
 from ember.train.describe import describe, describe_run, run_info
-from ember.train.distributed import BatchPlan, Distributed, SilentRenderer, setup, wrap
+from ember.train.distributed import Distributed, setup, wrap
 from ember.train.events import End, EndEpoch, ProcessedItem, Start
 from ember.train.guard import LossGuard
-from ember.train.interrupter import Interrupter
+from ember.train.history import RunHistory
+from ember.train.lock import RunLock
 from ember.train.logger.application import FileApplicationLogger
+from ember.train.logger.base import MetricLogger
 from ember.train.logger.file import FileMetricLogger
-from ember.train.optimization import Optimization
-from ember.train.position import Position, find_sampler, resume_logs, set_epoch
+from ember.train.options import LearnerOptions
+from ember.train.position import Position
 from ember.train.processor import MetricsProcessor
-from ember.train.run import RunLock, prepare_artifact_dir, remove_stale_temporaries
+from ember.train.renderer.silent import SilentRenderer
 from ember.train.signals import signal_handlers
 from ember.train.step import TrainOutput
 
-log = logging.getLogger("ember")
+log = logging.getLogger(__name__)
+EpochValues = dict[str, dict[str, float]]
 
 
 class Learner:
     """A configured training run, built by `LearnerBuilder.build`. Call `fit` once."""
 
-    def __init__(self, **options: Any) -> None:
-        self.model: torch.nn.Module = options["model"]
-        self.optim: Optimization = options["optimization"]
+    def __init__(self, options: LearnerOptions) -> None:
+        self.options = options
+        self.model = options.model
+        self.optim = options.optimization
         self.optimizer = self.optim.optimizer
-        self.device: torch.device = options["device"]
-        self.devices: list[torch.device] | None = options["devices"]
-        self.distributed_timeout: float = options["distributed_timeout"]
+        self.device = options.device
+        self.devices = list(options.devices) if options.devices is not None else None
+        self.artifact_dir = options.artifact_dir
+        self.artifacts = Artifacts(options.artifact_dir)
+        self.num_epochs = options.num_epochs
+        self.metrics = options.metrics
+        self.renderer = options.renderer
+        self.grads_accumulation = options.grads_accumulation
+        self.interrupter = options.interrupter
+        self.listeners = options.listeners
+        self.run_history = RunHistory()
+        self.checkpoints = CheckpointPolicy(
+            options.checkpointer,
+            options.strategy,
+            options.resume_from,
+            options.on_checkpoint_error,
+            self.run_history,
+        )
+        self.guard = LossGuard(
+            options.nonfinite_loss, self.device, last_checkpoint=self.checkpoints.last_good
+        )
         self.dist: Distributed | None = None
         self._ddp: Any = None
-        self.artifact_dir: Path = options["artifact_dir"]
-        self.overwrite: bool = options["overwrite"]
-        self.num_epochs: int = options["num_epochs"]
-        self.metrics: dict[str, list[tuple[Any, bool]]] = options["metrics"]
-        self.loggers: dict[str, list[Any]] = options["loggers"]
-        self.renderer: Any = options["renderer"]
-        self.grads_accumulation: int = options["grads_accumulation"]
-        self.checkpointer: FileCheckpointer | None = options["checkpointer"]
-        self.resume_from: int | str | None = options["resume_from"]
-        self.interrupter: Interrupter = options["interrupter"]
-        self.listeners: list[Any] = options["listeners"]
-        self.application_log: bool = options["application_log"]
-        self.summary: bool = options["summary"]
-        self.early_stopping: Any = options["early_stopping"]
-        self.guard = LossGuard(
-            options["nonfinite_loss"], self.device, last_checkpoint=self._last_checkpoint
-        )
-        self.on_checkpoint_error: str = options["on_checkpoint_error"]
-        self.history: list[tuple[int, dict[str, dict[str, float]]]] = []
+        self._move = self.device.type != "cpu"  # batches from a DataLoader are on the CPU
         self.epoch = 0
         self.iteration = 0
         self.items = 0
-        self._resume_lines: dict[str, int] | None = None
-        self._move = self.device.type != "cpu"  # batches from a DataLoader are on the CPU
         self.outcome: str | None = None
         """After `fit`: "completed", "stopped: <why>" or "stopped early: <why>"."""
 
-    # The loop ------------------------------------------------------------------
+    @property
+    def history(self) -> list[tuple[int, EpochValues]]:
+        """Every completed epoch as `(epoch, {split: {metric: epoch value}})`."""
+        return self.run_history.entries()
+
+    # The run ---------------------------------------------------------------------
     def fit(
         self,
         train: Iterable[Any],
@@ -85,17 +94,19 @@ class Learner:
         restore_best: bool = False,
     ) -> torch.nn.Module:
         """Train for the configured epochs and return the trained model (with
-        `restore_best=True`, the weights of the best epoch kept by the checkpointing
-        strategy's metric)."""
-        self.dist = setup(self.devices, self.distributed_timeout)
+        `restore_best=True`, the weights of the epoch the checkpointing strategy holds
+        to be the best)."""
+        if restore_best:
+            self.checkpoints.check_restore_best()
+        self.dist = setup(self.devices, self.options.distributed_timeout)
         main = self.dist is None or self.dist.main
-        lock = RunLock(self.artifact_dir) if main else None
+        lock = RunLock(self.artifacts.lock) if main else None
         failed = True
         try:
             if lock is not None:
-                prepare_artifact_dir(self.artifact_dir, None, overwrite=True, check_only=True)
+                self.artifacts.check_writable()
                 lock.acquire()
-            model = self._fit_locked(train, valid, restore_best)
+            model = self._run(train, valid, restore_best)
             failed = False
             return model
         except BaseException as error:
@@ -114,53 +125,53 @@ class Learner:
             if self.dist is not None:
                 self.dist.close(failed)
 
-    def _fit_locked(
+    def _run(
         self, train: Iterable[Any], valid: Iterable[Any] | None, restore_best: bool
     ) -> torch.nn.Module:
+        """Prepare the directory, the loggers and the processes; train; close."""
         dist = self.dist
         main = dist is None or dist.main
-        position = self._resume_position()
+        resume = self.checkpoints.resume_point()
+        start = resume.position
         if main:
-            prepare_artifact_dir(self.artifact_dir, position.kept_epochs(), self.overwrite)
-            if self.checkpointer is not None:
-                remove_stale_temporaries(self.checkpointer.directory)
-        app_log = FileApplicationLogger(self.artifact_dir / "experiment.log")
-        if self.application_log and main:
+            self.artifacts.prepare(start.kept_epochs(), self.options.overwrite)
+        self._load_history(resume, main)
+        app_log = FileApplicationLogger(self.artifacts.experiment_log)
+        if self.options.application_log and main:
             app_log.install()
-        loggers = {
-            split: [FileMetricLogger(self.artifact_dir / split), *extra] if main else []
-            for split, extra in self.loggers.items()
-        }
-        if not main:
-            self.renderer = SilentRenderer()
-        self.processor = MetricsProcessor(self.metrics, loggers, self.renderer, self.num_epochs)
+        loggers = self._loggers(main)
+        renderer = self.renderer if main else SilentRenderer()
+        processor = MetricsProcessor(self.metrics, loggers, renderer, self.num_epochs)
+        shard = (dist.rank, dist.world) if dist is not None else None
+        train_plan = BatchPlanner(train, self.grads_accumulation, shard)
+        valid_plan = BatchPlanner(valid, 1, shard) if valid is not None else None
         if dist is not None:
-            self._ddp = self._prepare_distributed(train, valid)
-            dist.barrier()  # rank 0 has prepared the artifact directory
+            self._prepare_processes(dist, train_plan, valid_plan)
         reason = "failed"
         try:
             with signal_handlers(self.interrupter):
-                self._restore(position)
-                info = run_info(self, position.epoch)
+                self.checkpoints.restore(resume, self.model, self.optim, dist)
+                info = run_info(self, start.epoch)
                 log.info("%s", describe_run(self, info))
-                if position.epoch > self.num_epochs:
+                self.run_history.describe_model(info.model_name, info.num_parameters)
+                if start.epoch > self.num_epochs:
                     log.warning(
                         "The checkpoint is at the end of epoch %d and num_epochs is %d: nothing is "
                         "left to train, the trained model is returned as it is. Raise num_epochs "
                         "to train further.",
-                        position.epoch - 1,
+                        start.epoch - 1,
                         self.num_epochs,
                     )
                 elif valid is not None:
-                    self._preflight_valid(valid)
-                self.renderer.start(info)
-                self._emit(Start(position.epoch, self.num_epochs, str(self.artifact_dir)))
-                reason = self._epochs(train, valid, position)
+                    self._preflight_valid(valid, processor)
+                renderer.start(info)
+                self._emit(Start(start.epoch, self.num_epochs, str(self.artifact_dir)))
+                reason = self._epochs(processor, train_plan, valid_plan, resume)
             self.outcome = reason
             log.info("Training %s after epoch %d.", reason, self.epoch)
             if restore_best:
-                self._restore_best()
-            if self.summary and (self.dist is None or self.dist.main):
+                self.checkpoints.restore_best(self.model, dist)
+            if self.options.summary and main:
                 self._print_summary()
         except BaseException as error:
             where = f"epoch {self.epoch}, iteration {self.iteration}"
@@ -171,285 +182,224 @@ class Learner:
                 log.exception("Training failed at %s.", where)
             raise
         finally:
-            self._close(loggers, reason)
+            self._close(loggers, renderer, reason)
             app_log.uninstall()
         return self.model
 
-    def _epochs(self, train: Iterable[Any], valid: Iterable[Any] | None, start: Position) -> str:
-        for epoch in range(start.epoch, self.num_epochs + 1):
+    # The loop --------------------------------------------------------------------
+    def _epochs(
+        self,
+        processor: MetricsProcessor,
+        train: BatchPlanner,
+        valid: BatchPlanner | None,
+        resume: Resume,
+    ) -> str:
+        """Every epoch left; returns how the run ended."""
+        for epoch in range(resume.position.epoch, self.num_epochs + 1):
             self.epoch = epoch
-            skip = start if epoch == start.epoch else Position(epoch)
-            if not self._train_epoch(epoch, train, skip):
-                self._save_checkpoint(
-                    Position(epoch, self.iteration, self.items, False), self.processor.line_counts()
-                )
-                return f"stopped: {self.interrupter.message or 'stop requested on another rank'}"
+            plan = train.epoch(epoch, resume.position)
+            values = self._train_epoch(processor, plan, resume)
+            if values is None:  # stopped mid-epoch
+                position = Position(epoch, self.iteration, self.items, False)
+                lines = processor.line_counts()
+                self.checkpoints.save(position, self.model, self.optim, self.dist, lines)
+                return self._stop_reason()
+            epoch_values = {"train": values}
             if valid is not None:
-                self._valid_epoch(epoch, valid)
-            reason = self._end_epoch(epoch)
+                epoch_values["valid"] = self._valid_epoch(processor, valid, epoch)
+            reason = self._end_epoch(epoch, epoch_values)
             if reason is not None:
                 return reason
         return "completed"
 
-    def _train_epoch(self, epoch: int, loader: Iterable[Any], start: Position) -> bool:
-        """Train one epoch (from `start` when resuming mid-epoch); False if stopped."""
-        model, optim, guard, checkpointer, dist = (
-            self.model,
-            self.optim,
-            self.guard,
-            self.checkpointer,
-            self.dist,
-        )
-        model.train()
-        shard = (dist.rank, dist.world) if dist is not None else None
-        total, skipped = set_epoch(loader, epoch, start.items, start.iteration, shard)
-        plan = _plan(loader) if dist is not None else None
-        self.processor.start_split("train", epoch, total, start.iteration + 1)
-        if dist is None or dist.main:
-            resume_logs(
-                self.processor, self.artifact_dir, epoch, start.iteration, self._resume_lines
-            )
-        step = self._ddp if self._ddp is not None else model.train_step
-        world = dist.world if dist is not None else 1
-        iteration, self.items, stop = start.iteration, start.items, False
+    def _train_epoch(
+        self, processor: MetricsProcessor, plan: EpochPlan, resume: Resume
+    ) -> dict[str, float] | None:
+        """Train one epoch (from where a resumed run stands); its epoch values, or
+        None when a stop ended it early."""
+        start, epoch, dist = plan.start, plan.start.epoch, self.dist
+        self.model.train()
+        processor.start_split("train", epoch, plan.total, start.iteration + 1)
+        if start.iteration and (dist is None or dist.main):
+            self._resume_logs(processor, start, resume.log_lines)
+        self.iteration, self.items, stop = start.iteration, start.items, False
         with _join(self._ddp):
-            for group in _groups(
-                loader, self.grads_accumulation, 0 if skipped else start.iteration
-            ):
-                lr = optim.begin_group()
-                sizes = [_batch_size(batch) for batch in group]
-                first = iteration - start.iteration  # this run's index of the group's first batch
-                group_items = (
-                    sum(sizes) or len(group)
-                    if plan is None
-                    else plan.global_items(first, len(group))
-                )
-                finite = True
-                for index, (batch, size) in enumerate(zip(group, sizes)):
-                    iteration += 1
-                    self.iteration = iteration
-                    self.items += size if plan is None else plan.global_items(first + index)
-                    if self._move:
-                        batch = to_device(batch, self.device)
-                    with _no_sync(self._ddp, index < len(group) - 1):
-                        with optim.autocast():
-                            output = _call_step(step, batch, "train_step", epoch, iteration)
-                        if iteration == start.iteration + 1:
-                            self._check_output(output)
-                        finite = guard.check(output.loss, epoch, iteration) and finite
-                        optim.backward(output.loss, (size or 1) * world / group_items)
-                    self.processor.update(output.item, iteration, size, lr)
-                    if self.listeners:
-                        self._emit(ProcessedItem("train", epoch, iteration, total, output.item, lr))
-                if finite:
-                    optim.step()
-                else:
-                    optim.skip()
-                    log.warning(
-                        "Skipped the optimizer step at epoch %d, iteration %d: non-finite loss.",
-                        epoch,
-                        iteration,
-                    )
-                stop = self.interrupter.should_stop()
-                if (
-                    plan is not None and dist is not None
-                ):  # all ranks stop at one step, while all have batches
-                    stop = (
-                        dist.any(stop)
-                        if first + self.grads_accumulation <= plan.min_batches
-                        else False
-                    )
+            for step in plan:
+                finite = self._run_step(processor, step, epoch, plan.total, start.iteration + 1)
+                self._step_optimizer(finite, epoch)
+                stop = self._stop_requested(step)
                 if stop:
                     break
-                if checkpointer is not None and checkpointer.failed:
-                    self._save_checkpoint_failed_in_background()
-        guard.flush()
-        if iteration == start.iteration:
+                self.checkpoints.check()
+        self.guard.flush()
+        if self.iteration == start.iteration:
             raise TrainingError(f"The training data loader yielded no batch in epoch {epoch}.")
-        if stop and iteration != total:
-            self.processor.sync(dist)  # the logs hold every finished iteration
-            return False
-        self._aggregates = {"train": self.processor.end_split(dist)}
-        return True
+        if stop and self.iteration != plan.total:
+            processor.flush(dist)  # the logs hold every finished iteration
+            return None
+        return processor.end_split(dist)
 
-    def _valid_epoch(self, epoch: int, loader: Iterable[Any]) -> None:
-        """Validate (eval mode, inference mode); a graceful stop waits for its end."""
-        model, dist = self.model, self.dist
-        total, _ = set_epoch(
-            loader, epoch, 0, 0, (dist.rank, dist.world) if dist is not None else None
+    def _run_step(
+        self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
+    ) -> bool:
+        """Forward and backward every batch of one optimizer step; False when a loss
+        was not finite. The batch numbered `check` has its output checked."""
+        optim, guard, ddp = self.optim, self.guard, self._ddp
+        forward = ddp if ddp is not None else self.model.train_step
+        lr = optim.begin_group()
+        last, finite = len(step.batches) - 1, True
+        for index, batch in enumerate(step.batches):
+            iteration = step.first + index
+            self.iteration = iteration
+            self.items += step.items[index]
+            if self._move:
+                batch = to_device(batch, self.device)
+            with _no_sync(ddp, index < last):
+                with optim.autocast():
+                    output = _call_step(forward, batch, "train_step", epoch, iteration)
+                if iteration == check:
+                    self._check_output(output, processor)
+                finite = guard.check(output.loss, epoch, iteration) and finite
+                optim.backward(output.loss, step.shares[index])
+            processor.update(output.item, iteration, step.sizes[index], lr)
+            if self.listeners:
+                self._emit(ProcessedItem("train", epoch, iteration, total, output.item, lr))
+        return finite
+
+    def _step_optimizer(self, finite: bool, epoch: int) -> None:
+        if finite:
+            self.optim.step()
+            return
+        self.optim.skip()
+        log.warning(
+            "Skipped the optimizer step at epoch %d, iteration %d: non-finite loss.",
+            epoch,
+            self.iteration,
         )
-        self.processor.start_split("valid", epoch, total)
-        model.eval()
+
+    def _stop_requested(self, step: Step) -> bool:
+        """A graceful stop after this step; several processes stop at the same step,
+        while every one of them still has batches."""
+        stop = self.interrupter.should_stop()
+        if self.dist is not None:
+            stop = self.dist.any(stop) if step.may_vote else False
+        return stop
+
+    def _valid_epoch(
+        self, processor: MetricsProcessor, planner: BatchPlanner, epoch: int
+    ) -> dict[str, float]:
+        """Validate (eval mode, inference mode); a graceful stop waits for its end."""
+        plan = planner.epoch(epoch)
+        processor.start_split("valid", epoch, plan.total)
+        self.model.eval()
         try:
             with torch.inference_mode(), self.optim.autocast():
-                for iteration, batch in enumerate(loader, start=1):
+                for iteration, batch in enumerate(plan.loader, start=1):
                     if self._move:
                         batch = to_device(batch, self.device)
-                    item = _call_step(model.valid_step, batch, "valid_step", epoch, iteration)
-                    self.processor.update(item, iteration, _batch_size(batch), None)
+                    item = _call_step(self.model.valid_step, batch, "valid_step", epoch, iteration)
+                    processor.update(item, iteration, batch_size(batch), None)
                     if self.listeners:
-                        self._emit(ProcessedItem("valid", epoch, iteration, total, item, None))
-                self._aggregates["valid"] = self.processor.end_split(dist)
+                        self._emit(ProcessedItem("valid", epoch, iteration, plan.total, item, None))
+            return processor.end_split(self.dist)
         finally:
-            model.train()
+            self.model.train()
 
-    def _end_epoch(self, epoch: int) -> str | None:
-        """Log the epoch, checkpoint it, ask early stopping; return a reason to stop."""
-        for split, values in self._aggregates.items():
-            if values:
-                text = ", ".join(f"{name} {value:.6g}" for name, value in values.items())
+    def _end_epoch(self, epoch: int, values: EpochValues) -> str | None:
+        """Decide (a stop, early stopping), then checkpoint, then tell the listeners;
+        return a reason to stop."""
+        for split, split_values in values.items():
+            if split_values:
+                text = ", ".join(f"{name} {value:.6g}" for name, value in split_values.items())
                 log.info("Epoch %d %s: %s", epoch, split, text)
-        self.history.append((epoch, self._aggregates))
-        self._save_checkpoint(Position(epoch, self.iteration, self.items, True))
-        self._emit(EndEpoch(epoch, self._aggregates))
+        self.run_history.add_epoch(epoch, values)
+        reason = None
         stop = self.interrupter.should_stop()
         if self.dist is not None:
             stop = self.dist.any(stop)
         if stop:
-            return f"stopped: {self.interrupter.message or 'stop requested on another rank'}"
-        if self.early_stopping is not None:
-            reason = self.early_stopping.should_stop(self.history)
-            if reason is not None:
-                log.info("Early stopping after epoch %d: %s.", epoch, reason)
-                return f"stopped early: {reason}"
-        return None
+            reason = self._stop_reason()
+        elif self.options.early_stopping is not None:
+            why = self.options.early_stopping.should_stop(self.history)
+            if why is not None:
+                log.info("Early stopping after epoch %d: %s.", epoch, why)
+                reason = f"stopped early: {why}"
+        position = Position(epoch, self.iteration, self.items, True)
+        self.checkpoints.save(position, self.model, self.optim, self.dist)
+        self._emit(EndEpoch(epoch, values))
+        return reason
 
-    # Checkpoints ---------------------------------------------------------------
-    def _save_checkpoint(self, position: Position, lines: dict[str, int] | None = None) -> None:
-        if self.checkpointer is None:
+    def _stop_reason(self) -> str:
+        return f"stopped: {self.interrupter.message or 'stop requested on another rank'}"
+
+    # Setting up ------------------------------------------------------------------
+    def _load_history(self, resume: Resume, main: bool) -> None:
+        """Rank 0 keeps the history in `history.json`; a resumed run continues the
+        saved one up to where it resumes (every process gets rank 0's copy)."""
+        history = self.run_history
+        if main:
+            history.path = self.artifacts.history
+        if resume.state is None:
             return
-        rng = capture_rng_state()
-        learner: dict[str, Any] = {**position.state(), "rng": rng, "history": self.history}
-        if lines is not None:
-            learner["log_lines"] = lines
+        if main:
+            if history.path is not None and history.path.exists():
+                saved = RunHistory.load(history.path)
+                history.epochs = saved.epochs
+                history.checkpoints = saved.checkpoints
+            else:  # a run from before the history file: the checkpoint carried it
+                history.epochs = [
+                    (int(e), v) for e, v in resume.state["learner"].get("history", [])
+                ]
+            history.keep_before(resume.position.epoch)
         if self.dist is not None:
-            learner["rng_ranks"] = self.dist.all_gather(rng)
-            if not self.dist.main:
-                return
-        state = {**self.optim.state_dict(), "learner": learner}
-        what = f"epoch {position.epoch}" + (
-            "" if position.complete else f", iteration {position.iteration}"
-        )
+            history.epochs = self.dist.broadcast(history.epochs)
 
-        def saved(paths: list[Path]) -> None:
-            log.info("Checkpoint of %s written: %s", what, ", ".join(p.name for p in paths))
+    def _loggers(self, main: bool) -> dict[str, list[MetricLogger]]:
+        """Rank 0 writes the metric files and feeds the extra loggers."""
+        return {
+            split: [FileMetricLogger(self.artifacts.split_dir(split)), *extra] if main else []
+            for split, extra in self.options.loggers.items()
+        }
 
-        try:
-            self.checkpointer.save(
-                position.epoch, self.model, self.optimizer, state, self.history, saved
-            )
-            if not position.complete:
-                self.checkpointer.wait()
-        except Exception as error:
-            self._checkpoint_failed(error)
-
-    def _save_checkpoint_failed_in_background(self) -> None:
-        try:
-            self.checkpointer.wait()  # type: ignore[union-attr]
-        except Exception as error:
-            self._checkpoint_failed(error)
-
-    def _last_checkpoint(self) -> str:
-        if self.checkpointer is None:
-            return "No checkpoint is written (no file checkpointer)"
-        try:
-            self.checkpointer.wait()
-        except Exception:
-            pass
-        epochs = self.checkpointer.epochs()
-        if not epochs:
-            return "No checkpoint was written yet"
-        path = self.checkpointer.path("model", epochs[-1])
-        return f"The last good checkpoint is {path} (resume with checkpoint({epochs[-1]}))"
-
-    def _checkpoint_failed(self, error: Exception) -> None:
-        kept = self.checkpointer.epochs() if self.checkpointer else []
-        last = (
-            f"the last complete checkpoint is epoch {kept[-1]}"
-            if kept
-            else "no complete checkpoint exists"
-        )
-        message = f"Writing a checkpoint failed ({type(error).__name__}: {error}); {last}."
-        if self.on_checkpoint_error == "warn":
-            log.error("%s Training goes on (on_checkpoint_error='warn').", message)
-            return
-        raise TrainingError(
-            message + " Free disk space or fix permissions, then resume with checkpoint('latest')."
-        ) from error
-
-    def _resume_position(self) -> Position:
-        if self.resume_from is None or self.checkpointer is None:
-            return Position(1, fresh=True)
-        epochs = self.checkpointer.epochs()
-        epoch = epochs[-1] if self.resume_from == "latest" and epochs else self.resume_from
-        state = self.checkpointer.load(int(epoch), "scheduler", None)
-        self._resume_state = state
-        return Position.from_state(state["learner"], self.num_epochs)
-
-    def _restore(self, position: Position) -> None:
-        state = getattr(self, "_resume_state", None)
-        if state is None or self.checkpointer is None:
-            return
-        saved_epoch = int(state["learner"]["epoch"])
-        self.checkpointer.load(saved_epoch, "model", self.model)
-        self.checkpointer.load(saved_epoch, "optim", self.optimizer)
-        self.optim.load_state_dict(state)
-        ranks = state["learner"].get("rng_ranks")
-        if self.dist is not None and ranks is not None and len(ranks) == self.dist.world:
-            restore_rng_state(ranks[self.dist.rank])
-        else:
-            restore_rng_state(state["learner"]["rng"])
-        self._resume_lines = state["learner"].get("log_lines")
-        self.history = [(int(e), a) for e, a in state["learner"].get("history", [])]
-        where = f"epoch {saved_epoch}" + (
-            "" if position.iteration == 0 else f", iteration {position.iteration}"
-        )
-        log.info("Resumed from the checkpoint of %s.", where)
-
-    def _restore_best(self) -> None:
-        strategy = _find_metric_strategy(getattr(self.checkpointer, "strategy", None))
-        if strategy is None or self.checkpointer is None:
-            raise TrainingError(
-                "restore_best=True needs a file checkpointer with a MetricCheckpointingStrategy "
-                "(the default strategy keeps the best epoch by validation loss)."
-            )
-        self.checkpointer.wait()
-        if self.dist is not None:
-            self.dist.barrier()
-        best = strategy.best_epoch(self.history)
-        if best is not None:
-            self.checkpointer.load(best, "model", self.model)
-            log.info(
-                "Restored the weights of epoch %d, best %s %s.", best, strategy.split, strategy.name
-            )
-
-    # Helpers -------------------------------------------------------------------
-    def _prepare_distributed(self, train: Iterable[Any], valid: Iterable[Any] | None) -> Any:
-        """Check that the loaders can be sharded exactly; wrap the model in DDP."""
-        for name, loader in (("training", train), ("validation", valid)):
-            if loader is None:
-                continue
-            sampler = find_sampler(loader)
-            if sampler is None or not callable(getattr(sampler, "shard", None)):
-                raise TrainingError(
-                    f"Training on several processes needs the {name} data loader to be built "
-                    "with ember.data.DataLoaderBuilder: its sampler gives each process its "
-                    "exact share of every epoch (no sample dropped or counted twice)."
-                )
+    def _prepare_processes(
+        self, dist: Distributed, train: BatchPlanner, valid: BatchPlanner | None
+    ) -> None:
+        """Several processes: check that the loaders shard exactly, warn about metrics
+        that see one process's data, wrap the model in DDP."""
+        train.check_shardable("training")
+        if valid is not None:
+            valid.check_shardable("validation")
         for split, entries in self.metrics.items():
-            for metric, _ in entries:
+            for entry in entries:
+                metric = entry.metric
                 whole_epoch = callable(getattr(metric, "epoch_value", None))
                 mergeable = callable(getattr(metric, "merge_epoch_states", None))
                 if whole_epoch and not mergeable and not getattr(metric, "syncs_itself", False):
                     log.warning(
                         "%s (%s) computes its epoch value from the whole epoch: under several "
                         "processes it covers rank 0's share of the data only.",
-                        metric.name,
+                        entry.name,
                         split,
                     )
-        return wrap(self.model, self.dist)  # type: ignore[arg-type]
+        self._ddp = wrap(self.model, dist)
+        dist.barrier()  # rank 0 has prepared the artifact directory
 
-    def _preflight_valid(self, loader: Iterable[Any]) -> None:
+    def _resume_logs(
+        self, processor: MetricsProcessor, start: Position, counts: Mapping[str, int] | None
+    ) -> None:
+        """Resuming mid-epoch: keep the lines each training metric log had at the
+        checkpoint (later lines came after it), put them back into the metric states,
+        and drop that epoch's validation logs."""
+        self.artifacts.drop_epoch("valid", start.epoch)
+        rows = {
+            entry.name: self.artifacts.truncate_metric_log(
+                "train", start.epoch, entry.name, (counts or {}).get(entry.name, start.iteration)
+            )
+            for entry in self.metrics.get("train", ())
+        }
+        processor.resume(rows)
+
+    def _preflight_valid(self, loader: Iterable[Any], processor: MetricsProcessor) -> None:
         """Run one validation batch before training, so that a valid_step or a validation
         metric that cannot work fails now, not after an epoch. RNGs are left untouched."""
         if not self.metrics.get("valid"):
@@ -462,13 +412,13 @@ class Learner:
                     item = _call_step(
                         self.model.valid_step, to_device(batch, self.device), "valid_step", 0, 1
                     )
-                    self.processor.check("valid", item)
+                    processor.check("valid", item)
                     break
         finally:
             self.model.train()
             restore_rng_state(rng)
 
-    def _check_output(self, output: Any) -> None:
+    def _check_output(self, output: Any, processor: MetricsProcessor) -> None:
         if not isinstance(output, TrainOutput):
             raise TrainingError(
                 f"{type(self.model).__name__}.train_step returned {type(output).__name__}; it must "
@@ -484,8 +434,9 @@ class Learner:
                 "train_step's loss does not require grad: it was computed without autograd "
                 "(under torch.no_grad()/inference_mode, or from detached tensors)."
             )
-        self.processor.check("train", output.item)
+        processor.check("train", output.item)
 
+    # Ending ----------------------------------------------------------------------
     def _print_summary(self) -> None:
         from ember.train.summary import LearnerSummary
 
@@ -493,44 +444,31 @@ class Learner:
         print(table)
         log.info("%s", table)
 
-    def _close(self, loggers: dict[str, list[Any]], reason: str) -> None:
+    def _close(self, loggers: dict[str, list[MetricLogger]], renderer: Any, reason: str) -> None:
         """Release everything; an error here is logged, never allowed to hide the
         error that ended the run."""
-        steps: list[tuple[str, Any]] = []
-        if self.checkpointer is not None:
-            steps.append(("the last checkpoint could not be written", self.checkpointer.wait))
+        steps: list[tuple[str, Any]] = [
+            ("the last checkpoint could not be written", self.checkpoints.wait)
+        ]
         for split_loggers in loggers.values():
             for logger in split_loggers:
                 steps.append((f"closing {type(logger).__name__} failed", logger.close))
         steps.append(("a listener failed at the end", lambda: self._emit(End(self.epoch, reason))))
-        steps.append(("the renderer failed at the end", lambda: self.renderer.end(reason)))
+        steps.append(("the renderer failed at the end", lambda: renderer.end(reason)))
+        steps.append(("the run history could not be written", lambda: self._finish(reason)))
         for what, step in steps:
             try:
                 step()
             except Exception as error:
                 log.error("%s: %s", what, error)
 
+    def _finish(self, reason: str) -> None:
+        if self.run_history.path is not None:
+            self.run_history.finish(reason)
+
     def _emit(self, event: Any) -> None:
         for listener in self.listeners:
             listener.on_event(event)
-
-
-def _groups(loader: Iterable[Any], size: int, drop: int) -> Iterator[list[Any]]:
-    """Batches in groups of `size` (one optimizer step each; the last may be shorter),
-    after dropping `drop` batches (a resumed run whose sampler cannot skip)."""
-    batches = iter(loader)
-    for _ in itertools.islice(batches, drop):
-        pass
-    while True:
-        group = list(itertools.islice(batches, size))
-        if not group:
-            return
-        yield group
-
-
-def _plan(loader: Any) -> BatchPlan:
-    sampler = find_sampler(loader)
-    return BatchPlan(sampler.shard_lengths(), int(loader.batch_size), bool(loader.drop_last))
 
 
 def _join(ddp: Any) -> Any:
@@ -548,26 +486,6 @@ _NULL = contextlib.nullcontext()
 def _no_sync(ddp: Any, accumulate: bool) -> Any:
     """Skip DDP's gradient reduction on all but the last batch of a group."""
     return ddp.no_sync() if ddp is not None and accumulate else _NULL
-
-
-def _find_metric_strategy(strategy: Any) -> Any:
-    from ember.train.checkpoint.strategy import (
-        ComposedCheckpointingStrategy,
-        MetricCheckpointingStrategy,
-    )
-
-    if isinstance(strategy, MetricCheckpointingStrategy):
-        return strategy
-    if isinstance(strategy, ComposedCheckpointingStrategy):
-        for inner in strategy.strategies:
-            found = _find_metric_strategy(inner)
-            if found is not None:
-                return found
-    return None
-
-
-def _batch_size(batch: Any) -> int:
-    return first_dim(batch) or 0
 
 
 def _call_step(step: Any, batch: Any, name: str, epoch: int, iteration: int) -> Any:

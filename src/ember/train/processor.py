@@ -18,6 +18,7 @@ from ember.train.logger.base import MetricLogger, MetricRecord
 from ember.train.metric.adapt import adapt
 from ember.train.metric.base import MetricMetadata
 from ember.train.metric.state import MetricState, to_host
+from ember.train.options import RegisteredMetric
 from ember.train.renderer.base import MetricView, Progress, Renderer
 
 
@@ -26,14 +27,14 @@ class MetricsProcessor:
 
     def __init__(
         self,
-        metrics: dict[str, list[tuple[Any, bool]]],
+        metrics: Mapping[str, Sequence[RegisteredMetric]],
         loggers: Mapping[str, Sequence[MetricLogger]],
         renderer: Renderer | None,
         num_epochs: int,
         tick: float = 0.1,
     ) -> None:
         self.states = {
-            split: [MetricState(metric, numeric) for metric, numeric in entries]
+            split: [MetricState(entry.metric, entry.numeric) for entry in entries]
             for split, entries in metrics.items()
         }
         self.loggers = loggers
@@ -153,12 +154,29 @@ class MetricsProcessor:
                 )
         return result
 
-    def flush(self) -> None:
-        """A render tick: host transfer, loggers, renderer."""
-        records = self.sync()
+    def flush(self, dist: Any = None) -> None:
+        """A render tick: host transfer, loggers, renderer (every process's values
+        under several processes)."""
+        records = self.sync(dist)
         if self.renderer is not None:
             self.renderer.update(self.progress(), self.views(), records)
         self._next_tick = time.monotonic() + self.tick
+
+    def resume(self, rows: Mapping[str, list[tuple[float, float]]]) -> None:
+        """A run resumed mid-epoch: the current split's rows logged before its
+        checkpoint, per metric name, go back into the states and to the renderer (the
+        loggers have them already)."""
+        records: list[MetricRecord] = []
+        for state in self.states.get(self._split, ()):
+            found = rows.get(state.name, [])
+            state.add_rows(found)
+            state.shared = len(state.rows)
+            records.extend(
+                MetricRecord(state.name, index, value, weight)
+                for index, (value, weight) in enumerate(found, start=1)
+            )
+        if records and self.renderer is not None:
+            self.renderer.update(self.progress(), self.views(), records)
 
     def _gather(self, dist: Any, records: list[MetricRecord]) -> None:
         """Several processes: rank 0 receives every other rank's rows of this split's

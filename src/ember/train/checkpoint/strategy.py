@@ -1,18 +1,26 @@
-"""Which saved epochs to keep: retention strategies for the file checkpointer."""
+"""Which saved epochs to keep, and which one is the best: checkpointing strategies."""
 
 from __future__ import annotations
 
-import math
+import logging
 from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 
 from ember.errors import ConfigError
-from ember.train.early_stopping import History, check_choice, metric_name
+from ember.train.checkpoint.base import Checkpointer
+from ember.train.history import History, Monitor
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
 class CheckpointingStrategy(Protocol):
     def keep(self, saved: Sequence[int], history: History) -> set[int]:
         """Of the `saved` epochs, the ones this strategy wants kept."""
+        ...
+
+    def best_epoch(self, history: History) -> int | None:
+        """The epoch this strategy holds to be the best (for `fit(restore_best=True)`),
+        or None when it keeps no best epoch or no epoch has a value yet."""
         ...
 
 
@@ -27,6 +35,12 @@ class KeepLastNCheckpoints:
     def keep(self, saved: Sequence[int], history: History) -> set[int]:
         return set(sorted(saved)[-self.n :])
 
+    def __str__(self) -> str:
+        return f"the last {self.n}"
+
+    def best_epoch(self, history: History) -> int | None:
+        return None  # recency is not a quality
+
 
 class MetricCheckpointingStrategy:
     """Keep the epoch with the best epoch value of `metric` on `split`."""
@@ -38,30 +52,26 @@ class MetricCheckpointingStrategy:
         direction: Literal["lowest", "highest"] = "lowest",
         split: Literal["train", "valid"] = "valid",
     ) -> None:
-        check_choice(aggregate, direction, split)
-        self.name = metric_name(metric)
+        self.monitor = Monitor.of(metric, aggregate, direction, split)
+        self.name = self.monitor.name
         self.direction = direction
         self.split = split
 
     def best_epoch(self, history: History) -> int | None:
-        sign = 1.0 if self.direction == "lowest" else -1.0
-        best: tuple[float, int] | None = None
-        for epoch, values in history:
-            value = values.get(self.split, {}).get(self.name)
-            if value is None or math.isnan(value):
-                continue
-            if best is None or sign * value < best[0]:
-                best = (sign * value, epoch)
-        return None if best is None else best[1]
+        best = self.monitor.best(history)
+        return None if best is None else best[0]
 
     def keep(self, saved: Sequence[int], history: History) -> set[int]:
         best = self.best_epoch([(e, v) for e, v in history if e in set(saved)])
         return set() if best is None else {best}
 
+    def __str__(self) -> str:
+        return f"the best {self.split} {self.name} ({self.direction})"
+
 
 class ComposedCheckpointingStrategy:
     """Keep an epoch while any strategy wants it: an epoch is deleted only when every
-    strategy agrees to delete it."""
+    strategy agrees to delete it. The best epoch is the first part's that names one."""
 
     def __init__(self, *strategies: CheckpointingStrategy) -> None:
         if not strategies:
@@ -73,3 +83,26 @@ class ComposedCheckpointingStrategy:
         for strategy in self.strategies:
             kept |= strategy.keep(saved, history)
         return kept
+
+    def __str__(self) -> str:
+        return " and ".join(str(strategy) for strategy in self.strategies)
+
+    def best_epoch(self, history: History) -> int | None:
+        for strategy in self.strategies:
+            best = strategy.best_epoch(history)
+            if best is not None:
+                return best
+        return None
+
+
+def apply_retention(
+    checkpointer: Checkpointer, strategy: CheckpointingStrategy, history: History
+) -> list[int]:
+    """Delete the saved epochs `strategy` does not keep; return the epochs left."""
+    saved = checkpointer.epochs()
+    keep = strategy.keep(saved, history)
+    for epoch in saved:
+        if epoch not in keep:
+            checkpointer.delete(epoch)
+            log.info("Checkpoint of epoch %d deleted (retention).", epoch)
+    return [epoch for epoch in saved if epoch in keep]

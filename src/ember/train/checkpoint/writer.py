@@ -11,15 +11,14 @@ import torch
 
 def snapshot(tree: Any) -> Any:
     """A deep copy of a state tree with every tensor copied to the CPU, detached."""
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().to("cpu", copy=True)
-    if isinstance(tree, dict):
-        return type(tree)((key, snapshot(value)) for key, value in tree.items())
-    if isinstance(tree, list):
-        return [snapshot(value) for value in tree]
-    if isinstance(tree, tuple):
-        return tuple(snapshot(value) for value in tree)
-    return copy.deepcopy(tree)
+    # Imported here: `import ember.train` stays free of ember.record (and msgpack).
+    from ember.record.tree import map_tensors
+
+    return map_tensors(tree, _to_cpu, copy.deepcopy)
+
+
+def _to_cpu(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu", copy=True)
 
 
 class AsyncWriter:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import IO, Any, Sequence
 
 from ember.errors import EmberError
+from ember.train.artifacts import format_value, format_weight
 from ember.train.logger.base import MetricRecord
-from ember.train.logger.file import format_value, format_weight
 
 CSV_HEADER = ("split", "epoch", "iteration", "metric", "value", "weight", "kind")
 

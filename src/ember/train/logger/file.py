@@ -2,33 +2,30 @@
 
 from __future__ import annotations
 
-import math
 import os
-import re
 from pathlib import Path
 from typing import IO, Sequence
 
 from ember.errors import EmberError
+from ember.train.artifacts import (
+    format_line,
+    format_value,
+    format_weight,
+    metric_file_name,
+    metric_log_path,
+    read_metric_log,
+    weighted_mean,
+)
 from ember.train.logger.base import MetricRecord
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._+\-=@%()\[\]]")
-
-
-def metric_file_name(name: str) -> str:
-    """A metric's log file name: spaces become `_`, anything unsafe on common file
-    systems becomes `_`, and no name can climb out of its folder (`..`, `/`)."""
-    safe = _UNSAFE.sub("_", name.strip().replace(" ", "_"))
-    safe = safe.lstrip(".") or "metric"
-    return f"{safe}.log"
-
-
-def format_value(value: float) -> str:
-    """Shortest exact text of a float (round-trips), so aggregates read from disk match."""
-    return repr(float(value))
-
-
-def format_weight(weight: float) -> str:
-    return str(int(weight)) if float(weight).is_integer() else repr(float(weight))
+__all__ = [
+    "FileMetricLogger",
+    "format_value",
+    "format_weight",
+    "metric_file_name",
+    "read_metric_log",
+    "weighted_mean",
+]
 
 
 class FileMetricLogger:
@@ -44,7 +41,7 @@ class FileMetricLogger:
         self._files: dict[tuple[int, str], IO[str]] = {}
 
     def path(self, epoch: int, name: str) -> Path:
-        return self.directory / f"epoch-{epoch}" / metric_file_name(name)
+        return metric_log_path(self.directory, epoch, name)
 
     def _file(self, epoch: int, name: str) -> IO[str]:
         key = (epoch, name)
@@ -62,7 +59,7 @@ class FileMetricLogger:
             text = lines.get(record.name)
             if text is None:
                 text = lines[record.name] = []
-            text.append(f"{format_value(record.value)},{format_weight(record.weight)}\n")
+            text.append(format_line(record.value, record.weight))
         try:
             for name, text in lines.items():  # one write and one flush per file
                 handle = self._file(epoch, name)
@@ -83,39 +80,3 @@ class FileMetricLogger:
         for handle in self._files.values():
             handle.close()
         self._files.clear()
-
-
-def read_metric_log(path: str | os.PathLike[str]) -> list[tuple[float, float]]:
-    """The `(value, weight)` lines of a metric log. An unterminated last line (left by
-    a kill mid-write) is ignored; a malformed complete line is an error."""
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
-    # Only newline-terminated lines count: whatever follows the last "\n" is a line
-    # torn by a kill (even if it looks complete, its weight may be cut short).
-    rows: list[tuple[float, float]] = []
-    for number, line in enumerate(text.split("\n")[:-1], start=1):
-        parsed = _parse_line(line)
-        if parsed is None:
-            raise EmberError(f"{path}: line {number} is not 'value,weight': {line!r}")
-        rows.append(parsed)
-    return rows
-
-
-def _parse_line(line: str) -> tuple[float, float] | None:
-    parts = line.split(",")
-    if len(parts) != 2:
-        return None
-    try:
-        value, weight = float(parts[0]), float(parts[1])
-    except ValueError:
-        return None
-    if not math.isfinite(weight) or weight < 0:
-        return None
-    return value, weight
-
-
-def weighted_mean(rows: Sequence[tuple[float, float]]) -> float:
-    """The epoch aggregate of a metric log: the weight-weighted mean of its values."""
-    total = math.fsum(weight for _, weight in rows)
-    if total == 0:
-        return math.nan
-    return math.fsum(value * weight for value, weight in rows) / total

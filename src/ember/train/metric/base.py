@@ -9,7 +9,8 @@ the metric defines `epoch_value()` (e.g. AUROC, which needs the whole epoch).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol, Union, runtime_checkable
+import math
+from typing import Any, NamedTuple, Protocol, Sequence, Union, runtime_checkable
 
 import torch
 
@@ -79,7 +80,10 @@ def metric_unit(metric: Any) -> str:
     return str(getattr(metric, "unit", ""))
 
 
-def metric_higher_is_better(metric: Any) -> bool | None:
-    """Whether larger values are better, when the metric says so."""
-    value = getattr(metric, "higher_is_better", None)
-    return None if value is None else bool(value)
+def weighted_mean(rows: Sequence[tuple[float, float]]) -> float:
+    """An epoch value from iteration rows: the weight-weighted mean of `(value, weight)`,
+    summed exactly (NaN when the weights add up to zero)."""
+    total = math.fsum(weight for _, weight in rows)
+    if total == 0:
+        return math.nan
+    return math.fsum(value * weight for value, weight in rows) / total

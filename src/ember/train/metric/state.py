@@ -6,8 +6,7 @@ from typing import Any
 
 import torch
 
-from ember.train.logger.file import weighted_mean
-from ember.train.metric.base import metric_unit
+from ember.train.metric.base import metric_unit, weighted_mean
 
 
 class MetricState:

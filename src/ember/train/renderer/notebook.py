@@ -95,7 +95,7 @@ class NotebookRenderer:
 
     def end_split(self, progress: Progress, metrics: Sequence[MetricView]) -> None:
         """Keep the split's epoch values; redraw unless drawing is over its share."""
-        self._run.end_split(progress, metrics, self._run.missing_tails(progress))
+        self._run.end_split(progress, metrics)
         if self._handle is not None:
             spent = time.perf_counter() - self._started
             if self.render_budget <= 0 or self.draw_seconds <= self.render_budget * spent:

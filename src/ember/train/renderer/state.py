@@ -8,20 +8,15 @@ the training thread only.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 from ember.train.logger.base import MetricRecord
-from ember.train.logger.file import metric_file_name
 from ember.train.renderer.base import MetricView, Progress, RunInfo
 from ember.train.renderer.format import format_number
 from ember.train.renderer.history import History, HistoryView
 
-TAIL_LIMIT = 100_000
-"""The most values read back from a log at a split's end (a few milliseconds at most)."""
 SPLITS = ("train", "valid")
 METRIC_COLUMNS = (("train", "last"), ("train", "epoch"), ("valid", "last"), ("valid", "epoch"))
 """The columns of a metrics table, as (split, kind of value) for `shown_value`."""
@@ -89,33 +84,6 @@ def shown_value(snapshot: Snapshot, view: MetricView, kind: str) -> float | str 
     return value
 
 
-def last_values(path: Path, count: int) -> list[float]:
-    """The values of the last `count` complete lines of a metric log (fewer if the file
-    is shorter; none if it cannot be read)."""
-    try:
-        with open(path, "rb") as handle:
-            size = handle.seek(0, os.SEEK_END)
-            block = count * 48 + 256
-            while True:
-                start = max(0, size - block)
-                handle.seek(start)
-                lines = handle.read(size - start).split(b"\n")[:-1]
-                if start > 0:
-                    lines = lines[1:]  # the first one may be cut
-                if len(lines) >= count or start == 0:
-                    break
-                block *= 2
-    except OSError:
-        return []
-    values = []
-    for line in lines[-count:]:
-        try:
-            values.append(float(line.split(b",", 1)[0]))
-        except ValueError:
-            pass
-    return values
-
-
 class RunTracker:
     """The state of one run as the renderer calls report it: the latest progress and
     metric views, each numeric metric's bounded iteration `History` per split, the
@@ -143,7 +111,6 @@ class RunTracker:
         """How the run ended (the `reason` given to `end`); None while it runs."""
         self.started_at = 0.0
         self.ended_at: float | None = None
-        self._seen: dict[tuple[str, str], tuple[int, int]] = {}
 
     # The renderer calls -----------------------------------------------------------
     def start(self, info: RunInfo) -> None:
@@ -165,44 +132,8 @@ class RunTracker:
         if records:
             self._append(progress, records)
 
-    def missing_tails(self, progress: Progress) -> dict[str, list[float]]:
-        """The values of the split's last iterations that came after the last tick: the
-        loop hands them to the loggers only, so read them back from the metric logs
-        (a few lines at the end of each file). Reads files: call it outside any lock,
-        then hand the result to `end_split`."""
-        info = self.info
-        if info is None or not progress.iteration:
-            return {}
-        names = {
-            name for split, name, _, numeric in info.metrics if split == progress.split and numeric
-        }
-        names.update(name for split, name in self.histories if split == progress.split)
-        tails = {}
-        for name in names:
-            epoch, last = self._seen.get((progress.split, name), (progress.epoch, 0))
-            missing = progress.iteration - (last if epoch == progress.epoch else 0)
-            if 0 < missing <= TAIL_LIMIT:
-                path = Path(info.artifact_dir) / progress.split / f"epoch-{progress.epoch}"
-                values = last_values(path / metric_file_name(name), missing)
-                if values:
-                    tails[name] = values
-                    self._seen[(progress.split, name)] = (progress.epoch, progress.iteration)
-        return tails
-
-    def end_split(
-        self,
-        progress: Progress,
-        metrics: Sequence[MetricView],
-        tails: dict[str, list[float]] | None = None,
-    ) -> None:
-        """A split's epoch ended: its epoch values, and `tails` (from `missing_tails`)."""
-        for name, values in (tails or {}).items():
-            self.history(progress.split, name).extend(
-                progress.epoch,
-                progress.num_iterations,
-                values,
-                progress.iteration - len(values) + 1,
-            )
+    def end_split(self, progress: Progress, metrics: Sequence[MetricView]) -> None:
+        """A split's epoch ended: its epoch values."""
         self.progress = progress
         self.views = tuple(metrics)
         self.durations[progress.split] = progress.elapsed
@@ -237,7 +168,6 @@ class RunTracker:
                 end += 1
             values = [r.value for r in records[start:end]]
             self.history(split, name).extend(epoch, total, values, records[start].iteration)
-            self._seen[(split, name)] = (epoch, records[end - 1].iteration)
             start = end
 
     def series(self, name: str) -> MetricSeries:

@@ -182,10 +182,9 @@ class TuiRenderer:
             self._version += 1
 
     def end_split(self, progress: Progress, metrics: Sequence[MetricView]) -> None:
-        """Record the split's epoch values (and the values logged after the last tick)."""
-        tails = self._run.missing_tails(progress)
+        """Record the split's epoch values."""
         with self._lock:
-            self._run.end_split(progress, metrics, tails)
+            self._run.end_split(progress, metrics)
             self._select_first()
             self._version += 1
 

@@ -1,0 +1,225 @@
+"""The one owner of a run's artifact directory: every path in it and the metric-line format.
+
+```
+ARTIFACT_DIR/
+├── experiment.log              human text (Python logging)
+├── history.json                exact epoch values, checkpoint epochs, outcome (history.py)
+├── .lock                       the pid and host of the run using the directory
+├── checkpoint/                 the file checkpointer's records
+├── train/epoch-N/<Metric>.log  one "value,weight" line per iteration
+└── valid/epoch-N/<Metric>.log
+```
+
+Everything else asks this module for a path or a parsed line; nothing builds one itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+from ember.errors import EmberError, TrainingError
+from ember.train.metric.base import weighted_mean
+
+__all__ = [
+    "SPLITS",
+    "Artifacts",
+    "format_line",
+    "format_value",
+    "format_weight",
+    "metric_file_name",
+    "metric_log_path",
+    "read_metric_log",
+    "weighted_mean",
+]
+
+SPLITS = ("train", "valid")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+\-=@%()\[\]]")
+_EPOCH_DIR = re.compile(r"^epoch-(\d+)$")
+_TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
+log = logging.getLogger(__name__)
+
+
+# The metric-line format -----------------------------------------------------------
+def metric_file_name(name: str) -> str:
+    """A metric's log file name: spaces become `_`, anything unsafe on common file
+    systems becomes `_`, and no name can climb out of its folder (`..`, `/`)."""
+    safe = _UNSAFE.sub("_", name.strip().replace(" ", "_"))
+    safe = safe.lstrip(".") or "metric"
+    return f"{safe}.log"
+
+
+def metric_log_path(split_dir: str | os.PathLike[str], epoch: int, name: str) -> Path:
+    """`split_dir/epoch-N/<Metric>.log`: where a metric's lines of one epoch go."""
+    return Path(split_dir) / f"epoch-{epoch}" / metric_file_name(name)
+
+
+def format_value(value: float) -> str:
+    """Shortest exact text of a float (round-trips), so aggregates read from disk match."""
+    return repr(float(value))
+
+
+def format_weight(weight: float) -> str:
+    return str(int(weight)) if float(weight).is_integer() else repr(float(weight))
+
+
+def format_line(value: float, weight: float) -> str:
+    """One iteration's line: `value,weight` and a newline."""
+    return f"{format_value(value)},{format_weight(weight)}\n"
+
+
+def _parse_line(line: str) -> tuple[float, float] | None:
+    parts = line.split(",")
+    if len(parts) != 2:
+        return None
+    try:
+        value, weight = float(parts[0]), float(parts[1])
+    except ValueError:
+        return None
+    if not math.isfinite(weight) or weight < 0:
+        return None
+    return value, weight
+
+
+def parse_lines(text: str, source: object = "metric log") -> list[tuple[float, float]]:
+    """The `(value, weight)` rows of a metric log's text. Only newline-terminated lines
+    count: whatever follows the last newline is a line torn by a kill (even if it looks
+    complete, its weight may be cut short). A malformed complete line is an error."""
+    rows: list[tuple[float, float]] = []
+    for number, line in enumerate(text.split("\n")[:-1], start=1):
+        parsed = _parse_line(line)
+        if parsed is None:
+            raise EmberError(f"{source}: line {number} is not 'value,weight': {line!r}")
+        rows.append(parsed)
+    return rows
+
+
+def read_metric_log(path: str | os.PathLike[str]) -> list[tuple[float, float]]:
+    """The `(value, weight)` lines of a metric log. An unterminated last line (left by
+    a kill mid-write) is ignored; a malformed complete line is an error."""
+    return parse_lines(Path(path).read_text(encoding="utf-8", errors="replace"), path)
+
+
+# The directory ----------------------------------------------------------------------
+class Artifacts:
+    """The paths of one artifact directory, and the file operations a run needs on it."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    @property
+    def experiment_log(self) -> Path:
+        return self.root / "experiment.log"
+
+    @property
+    def history(self) -> Path:
+        return self.root / "history.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoint"
+
+    def split_dir(self, split: str) -> Path:
+        return self.root / split
+
+    def epoch_dir(self, split: str, epoch: int) -> Path:
+        return self.root / split / f"epoch-{epoch}"
+
+    def metric_log(self, split: str, epoch: int, name: str) -> Path:
+        return metric_log_path(self.root / split, epoch, name)
+
+    def epoch_dirs(self, split: str) -> dict[int, Path]:
+        """The `epoch-N` folders of a split, by epoch."""
+        found: dict[int, Path] = {}
+        directory = self.split_dir(split)
+        if directory.is_dir():
+            for entry in directory.iterdir():
+                match = _EPOCH_DIR.match(entry.name)
+                if match and entry.is_dir():
+                    found[int(match.group(1))] = entry
+        return found
+
+    def metric_logs(self, split: str) -> Iterator[tuple[int, str, Path]]:
+        """`(epoch, file stem, path)` of every metric log of a split, oldest epoch first."""
+        for epoch, folder in sorted(self.epoch_dirs(split).items()):
+            for path in sorted(folder.glob("*.log")):
+                yield epoch, path.stem, path
+
+    # Preparing a run ---------------------------------------------------------------
+    def check_writable(self) -> None:
+        """Create the directory and check that a run can write in it."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise TrainingError(
+                f"Cannot create the artifact directory {self.root}: {error}."
+            ) from None
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise TrainingError(
+                f"The artifact directory {self.root} is not writable: fix its permissions or "
+                "choose another directory."
+            )
+
+    def prepare(self, resume_epoch: int | None, overwrite: bool) -> None:
+        """Make the directory ready: a fresh run (`resume_epoch` None) needs it free of
+        an earlier run (or `overwrite=True`); a resumed run keeps the logs of epochs
+        <= `resume_epoch` only. Temporaries left by a killed write are removed."""
+        self.check_writable()
+        for directory in (self.root, self.checkpoints):
+            remove_stale_temporaries(directory)
+        splits = [self.split_dir(split) for split in SPLITS]
+        if resume_epoch is None:
+            previous = [p for split in SPLITS for p in self.epoch_dirs(split).values()]
+            checkpoints = self.checkpoints
+            has_checkpoints = checkpoints.is_dir() and any(checkpoints.iterdir())
+            if previous or has_checkpoints:
+                if not overwrite:
+                    raise TrainingError(
+                        f"{self.root} already holds a run ({len(previous)} epoch log folder(s)"
+                        f"{', checkpoints' if has_checkpoints else ''}). Resume it with "
+                        "checkpoint(n), replace it with LearnerBuilder(dir, overwrite=True), or "
+                        "choose a new directory."
+                    )
+                for path in [*splits, checkpoints]:
+                    shutil.rmtree(path, ignore_errors=True)
+                self.experiment_log.unlink(missing_ok=True)
+                self.history.unlink(missing_ok=True)
+            return
+        for split in SPLITS:
+            for epoch, path in self.epoch_dirs(split).items():
+                if epoch > resume_epoch:
+                    shutil.rmtree(path)
+
+    def drop_epoch(self, split: str, epoch: int) -> None:
+        """Remove a split's logs of one epoch (a resumed run redoes it)."""
+        shutil.rmtree(self.epoch_dir(split, epoch), ignore_errors=True)
+
+    def truncate_metric_log(
+        self, split: str, epoch: int, name: str, keep: int
+    ) -> list[tuple[float, float]]:
+        """Keep the first `keep` lines of a metric log (a run resumed mid-epoch: later
+        lines came after its checkpoint); return their rows. A missing log has none."""
+        path = self.metric_log(split, epoch, name)
+        if not path.exists():
+            return []
+        lines = path.read_text(encoding="utf-8").split("\n")[:-1][:keep]
+        text = "".join(line + "\n" for line in lines)
+        path.write_text(text, encoding="utf-8")
+        return parse_lines(text, path)
+
+
+def remove_stale_temporaries(directory: Path) -> None:
+    """Delete temp files left by a write that a kill interrupted (never a final file)."""
+    if directory.is_dir():
+        for entry in directory.iterdir():
+            if _TEMPORARY.match(entry.name) and entry.is_file():
+                entry.unlink(missing_ok=True)

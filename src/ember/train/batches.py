@@ -1,0 +1,185 @@
+"""The batch plan of an epoch: which batches each optimizer step takes, and their weights.
+
+For one data loader, `BatchPlanner` finds the epoch-aware sampler once, then for each
+epoch seeds it, makes it skip what a resumed run has already done, gives each process
+its shard, and groups the batches by gradient accumulation. Each `Step` carries what
+the loop needs to run it: the batches, their iteration numbers, each batch's share of
+the step's samples (the gradient of the mean loss over every process's samples, even
+when the last batches are uneven), the samples counted for progress, and whether
+every process still has batches (so a stop can be agreed at this step).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+from ember.data.device import first_dim
+from ember.errors import TrainingError
+from ember.train.position import Position
+
+log = logging.getLogger(__name__)
+
+
+def find_sampler(loader: Any) -> Any:
+    """The epoch-aware sampler of a loader (ours, or one with `set_epoch`), if any."""
+    for owner in (loader, getattr(loader, "batch_sampler", None)):
+        sampler = getattr(owner, "sampler", None)
+        if callable(getattr(sampler, "set_epoch", None)):
+            return sampler
+    return None
+
+
+def batch_size(batch: Any) -> int:
+    """The number of samples in a batch (0 when it cannot be told)."""
+    return first_dim(batch) or 0
+
+
+@dataclass(frozen=True)
+class Step:
+    """One optimizer step's batches (all of them, even under accumulation)."""
+
+    batches: list[Any]
+    first: int
+    """The iteration number of the first batch (1-based, counted over the epoch)."""
+    sizes: list[int]
+    """Samples of each batch on this process."""
+    shares: list[float]
+    """Each batch's factor on its loss: its fraction of the step's samples (all processes)."""
+    items: list[int]
+    """Samples each batch adds to the epoch's count (all processes)."""
+    may_vote: bool
+    """Every process has this step's batches: a stop can be agreed on after it."""
+
+
+class ShardPlan:
+    """How many samples every process has in each batch of an epoch, known to every
+    process without communication (the sharding is deterministic). It lets each
+    process weight its loss so the synchronised gradient is the gradient of the global
+    mean loss, even when the last batches are uneven."""
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, drop_last: bool) -> None:
+        self.lengths = list(lengths)
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.min_batches = min(self._batches(length) for length in self.lengths)
+
+    def _batches(self, length: int) -> int:
+        return length // self.batch_size if self.drop_last else -(-length // self.batch_size)
+
+    def size(self, rank: int, step: int) -> int:
+        """Samples of `rank` in its `step`-th batch (0-based) of this epoch's run."""
+        size = min(self.batch_size, max(0, self.lengths[rank] - step * self.batch_size))
+        return 0 if self.drop_last and size < self.batch_size else size
+
+    def global_items(self, first: int, count: int = 1) -> int:
+        """Samples of all processes in batches `first` .. `first + count - 1`."""
+        return sum(
+            self.size(rank, step)
+            for rank in range(len(self.lengths))
+            for step in range(first, first + count)
+        )
+
+
+class EpochPlan:
+    """The steps of one epoch of one loader, from where a resumed run stands."""
+
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        accumulation: int,
+        start: Position,
+        total: int | None,
+        drop: int,
+        shards: ShardPlan | None,
+        world: int,
+    ) -> None:
+        self.loader = loader
+        self.accumulation = accumulation
+        self.start = start
+        self.total = total
+        """Batches in the epoch, those done before a resume included (None: unknown)."""
+        self._drop = drop
+        self._shards = shards
+        self._world = world
+
+    def __iter__(self) -> Iterator[Step]:
+        batches = iter(self.loader)
+        for _ in itertools.islice(batches, self._drop):
+            pass  # a resumed run whose sampler cannot skip: read and drop
+        done = 0  # batches of this run so far
+        shards, world = self._shards, self._world
+        while True:
+            group = list(itertools.islice(batches, self.accumulation))
+            if not group:
+                return
+            sizes = [batch_size(batch) for batch in group]
+            if shards is None:
+                total = sum(sizes) or len(group)
+                items = sizes
+                may_vote = True
+            else:
+                total = shards.global_items(done, len(group))
+                items = [shards.global_items(done + index) for index in range(len(group))]
+                may_vote = done + self.accumulation <= shards.min_batches
+            shares = [(size or 1) * world / total for size in sizes]
+            yield Step(group, self.start.iteration + done + 1, sizes, shares, items, may_vote)
+            done += len(group)
+
+
+class BatchPlanner:
+    """Plans the epochs of one data loader (`shard`: this process's rank and the
+    number of processes, when there are several)."""
+
+    def __init__(
+        self, loader: Iterable[Any], accumulation: int = 1, shard: tuple[int, int] | None = None
+    ) -> None:
+        self.loader = loader
+        self.accumulation = accumulation
+        self.shard = shard
+        self.sampler = find_sampler(loader)
+
+    def check_shardable(self, name: str) -> None:
+        """Several processes need a sampler that gives each one its exact share."""
+        if self.sampler is None or not callable(getattr(self.sampler, "shard", None)):
+            raise TrainingError(
+                f"Training on several processes needs the {name} data loader to be built "
+                "with ember.data.DataLoaderBuilder: its sampler gives each process its "
+                "exact share of every epoch (no sample dropped or counted twice)."
+            )
+
+    def epoch(self, epoch: int, start: Position | None = None) -> EpochPlan:
+        """Set the sampler up for `epoch` (from `start` when resuming mid-epoch)."""
+        start = start if start is not None and start.epoch == epoch else Position(epoch)
+        sampler, skipped = self.sampler, False
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+            if start.items and callable(getattr(sampler, "skip", None)):
+                sampler.skip(start.items)
+                skipped = True
+            if self.shard is not None:
+                sampler.shard(*self.shard)
+        if start.items and not skipped:
+            log.warning(
+                "The data loader's sampler cannot skip samples: resuming by reading and "
+                "dropping the batches already seen this epoch (build loaders with "
+                "DataLoaderBuilder to avoid it)."
+            )
+        try:
+            total: int | None = len(self.loader)  # type: ignore[arg-type]
+        except TypeError:
+            total = None
+        if total is not None and skipped:
+            total += start.iteration
+        shards = None
+        if self.shard is not None:
+            shards = ShardPlan(
+                sampler.shard_lengths(),
+                int(self.loader.batch_size),  # type: ignore[attr-defined]
+                bool(self.loader.drop_last),  # type: ignore[attr-defined]
+            )
+        world = self.shard[1] if self.shard is not None else 1
+        drop = 0 if skipped else start.iteration
+        return EpochPlan(self.loader, self.accumulation, start, total, drop, shards, world)

@@ -1,0 +1,206 @@
+"""The checkpoint policy of one run: when to save, what to resume, which epoch is best,
+and what a failed write does. The loop makes one call at each point; the checkpointer
+stores, the strategy chooses what to keep, and this class joins them."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from ember.errors import TrainingError
+from ember.rng import capture_rng_state, restore_rng_state
+from ember.train.checkpoint.base import Checkpointer
+from ember.train.checkpoint.strategy import CheckpointingStrategy, apply_retention
+from ember.train.history import RunHistory
+from ember.train.position import Position
+
+log = logging.getLogger(__name__)
+
+
+class Resume:
+    """What a resumed run starts from: its position and the stored loop state."""
+
+    def __init__(self, position: Position, state: dict[str, Any] | None = None) -> None:
+        self.position = position
+        self.state = state
+
+    @property
+    def log_lines(self) -> dict[str, int] | None:
+        """Lines each training metric log had when a mid-epoch checkpoint was taken."""
+        return None if self.state is None else self.state["learner"].get("log_lines")
+
+
+class CheckpointPolicy:
+    """Saves at each epoch end and when a run stops mid-epoch; resumes from
+    `resume_from` (an epoch or "latest"); restores the best epoch on request. With no
+    checkpointer, every call is a no-op (and resuming is refused by the builder)."""
+
+    def __init__(
+        self,
+        checkpointer: Checkpointer | None,
+        strategy: CheckpointingStrategy | None,
+        resume_from: int | str | None,
+        on_error: str,
+        history: RunHistory,
+    ) -> None:
+        self.checkpointer = checkpointer
+        self.strategy = strategy
+        self.resume_from = resume_from
+        self.on_error = on_error
+        self.history = history
+
+    # Resuming -----------------------------------------------------------------------
+    def resume_point(self) -> Resume:
+        """Where the run starts: after the chosen checkpoint, or epoch 1."""
+        if self.resume_from is None or self.checkpointer is None:
+            return Resume(Position(1, fresh=True))
+        epoch = self.checkpointer.latest() if self.resume_from == "latest" else self.resume_from
+        if epoch is None:
+            raise TrainingError(
+                "checkpoint('latest'): there is no complete checkpoint to resume from. "
+                "Start without checkpoint()."
+            )
+        state = self.checkpointer.load(int(epoch), "scheduler", None)
+        return Resume(Position.from_state(state["learner"]), state)
+
+    def restore(self, resume: Resume, model: torch.nn.Module, optim: Any, dist: Any) -> None:
+        """Put the model, optimizer, schedules and random generators back as saved."""
+        state = resume.state
+        if state is None or self.checkpointer is None:
+            return
+        learner = state["learner"]
+        saved_epoch = int(learner["epoch"])
+        self.checkpointer.load(saved_epoch, "model", model)
+        self.checkpointer.load(saved_epoch, "optim", optim.optimizer)
+        optim.load_state_dict(state)
+        ranks = learner.get("rng_ranks")
+        if dist is not None and ranks is not None and len(ranks) == dist.world:
+            restore_rng_state(ranks[dist.rank])
+        else:
+            restore_rng_state(learner["rng"])
+        where = f"epoch {saved_epoch}" + (
+            "" if resume.position.iteration == 0 else f", iteration {resume.position.iteration}"
+        )
+        log.info("Resumed from the checkpoint of %s.", where)
+
+    # Saving -------------------------------------------------------------------------
+    def save(
+        self,
+        position: Position,
+        model: torch.nn.Module,
+        optim: Any,
+        dist: Any,
+        lines: dict[str, int] | None = None,
+    ) -> None:
+        """Checkpoint `position`: at an epoch end in the background, mid-epoch (a stop)
+        waiting for the write. Every process takes part (random generator states)."""
+        if self.checkpointer is None:
+            return
+        rng = capture_rng_state()
+        learner: dict[str, Any] = {**position.state(), "rng": rng}
+        if lines is not None:
+            learner["log_lines"] = lines
+        if dist is not None:
+            learner["rng_ranks"] = dist.all_gather(rng)
+            if not dist.main:
+                return
+        state = {**optim.state_dict(), "learner": learner}
+        what = f"epoch {position.epoch}" + (
+            "" if position.complete else f", iteration {position.iteration}"
+        )
+        checkpointer, strategy, history = self.checkpointer, self.strategy, self.history
+        entries = history.entries()
+
+        def saved(names: list[str]) -> None:  # in the writer's thread, after the write
+            log.info("Checkpoint of %s written: %s", what, ", ".join(names))
+            kept = (
+                apply_retention(checkpointer, strategy, entries)
+                if strategy is not None
+                else checkpointer.epochs()
+            )
+            history.set_checkpoints(kept)
+
+        try:
+            checkpointer.save(position.epoch, model, optim.optimizer, state, on_saved=saved)
+            if not position.complete:
+                checkpointer.wait()
+        except Exception as error:
+            self._failed(error)
+
+    def check(self) -> None:
+        """Surface a background write's failure (stop, or log with "warn")."""
+        if self.checkpointer is not None and self.checkpointer.failed:
+            try:
+                self.checkpointer.wait()
+            except Exception as error:
+                self._failed(error)
+
+    def wait(self) -> None:
+        """Block until the last write is done (raises its error)."""
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
+
+    def last_good(self) -> str:
+        """A sentence naming the newest complete checkpoint, for error messages."""
+        if self.checkpointer is None:
+            return "No checkpoint is written (no checkpointer)"
+        try:
+            self.checkpointer.wait()
+        except Exception:
+            pass
+        epoch = self.checkpointer.latest()
+        if epoch is None:
+            return "No checkpoint was written yet"
+        return (
+            f"The last good checkpoint is {self.checkpointer.location(epoch)} "
+            f"(resume with checkpoint({epoch}))"
+        )
+
+    def _failed(self, error: Exception) -> None:
+        latest = self.checkpointer.latest() if self.checkpointer is not None else None
+        last = (
+            f"the last complete checkpoint is epoch {latest}"
+            if latest is not None
+            else "no complete checkpoint exists"
+        )
+        message = f"Writing a checkpoint failed ({type(error).__name__}: {error}); {last}."
+        if self.on_error == "warn":
+            log.error("%s Training goes on (on_checkpoint_error='warn').", message)
+            return
+        raise TrainingError(
+            message + " Free disk space or fix permissions, then resume with checkpoint('latest')."
+        ) from error
+
+    # The best epoch -----------------------------------------------------------------
+    def check_restore_best(self) -> None:
+        """Before training: `fit(restore_best=True)` needs checkpoints to restore from."""
+        if self.checkpointer is None or self.strategy is None:
+            raise TrainingError(
+                "restore_best=True restores a saved epoch, but no checkpointer is set: add "
+                "with_file_checkpointer(recorder) (its default strategy keeps the best epoch "
+                "by validation loss) or a checkpointing strategy that keeps a best epoch."
+            )
+
+    def restore_best(self, model: torch.nn.Module, dist: Any) -> None:
+        """Load the weights of the epoch the strategy holds to be the best."""
+        self.check_restore_best()
+        assert self.checkpointer is not None and self.strategy is not None
+        self.checkpointer.wait()
+        if dist is not None:
+            dist.barrier()
+        best = self.strategy.best_epoch(self.history.entries())
+        if best is None:
+            raise TrainingError(
+                f"restore_best=True: the checkpointing strategy {type(self.strategy).__name__} "
+                "names no best epoch (it keeps none, or its metric has no value that is not "
+                "NaN). Use MetricCheckpointingStrategy(metric) to keep the best epoch; the "
+                "trained weights are in the last checkpoint."
+            )
+        self.checkpointer.load(best, "model", model)
+        log.info(
+            "Restored the weights of epoch %d, best by the checkpointing strategy (keeps %s).",
+            best,
+            self.strategy,
+        )

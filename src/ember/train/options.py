@@ -1,0 +1,66 @@
+"""What `LearnerBuilder.build` hands the `Learner`: one typed, frozen set of options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from ember.train.checkpoint.base import Checkpointer
+from ember.train.checkpoint.strategy import CheckpointingStrategy
+from ember.train.early_stopping import EarlyStoppingStrategy
+from ember.train.events import Listener
+from ember.train.interrupter import Interrupter
+from ember.train.logger.base import MetricLogger
+from ember.train.metric.base import Metric, metric_unit
+from ember.train.optimization import Optimization
+from ember.train.renderer.base import Renderer
+
+
+@dataclass(frozen=True)
+class RegisteredMetric:
+    """A metric registered for one split; `numeric` ones are plotted too."""
+
+    metric: Metric
+    numeric: bool
+
+    @property
+    def name(self) -> str:
+        return str(self.metric.name)
+
+    @property
+    def unit(self) -> str:
+        return metric_unit(self.metric)
+
+
+@dataclass(frozen=True)
+class LearnerOptions:
+    """Every option of a run, checked by the builder."""
+
+    model: torch.nn.Module
+    optimization: Optimization
+    device: torch.device
+    devices: tuple[torch.device, ...] | None
+    """As given to `devices(...)`; None when not given."""
+    distributed_timeout: float
+    artifact_dir: Path
+    overwrite: bool
+    num_epochs: int
+    metrics: Mapping[str, tuple[RegisteredMetric, ...]]
+    """Per split ("train", "valid")."""
+    loggers: Mapping[str, tuple[MetricLogger, ...]]
+    """Extra metric loggers per split (the file logger is always added)."""
+    renderer: Renderer
+    grads_accumulation: int
+    checkpointer: Checkpointer | None
+    strategy: CheckpointingStrategy | None
+    resume_from: int | str | None
+    on_checkpoint_error: str
+    interrupter: Interrupter
+    listeners: tuple[Listener, ...]
+    application_log: bool
+    summary: bool
+    early_stopping: EarlyStoppingStrategy | None
+    nonfinite_loss: Any
