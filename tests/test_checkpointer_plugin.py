@@ -109,9 +109,9 @@ class StopAt:
         self.interrupter, self.epoch, self.iteration = interrupter, epoch, iteration
 
     def on_event(self, event):
-        if isinstance(event, ProcessedItem) and event.split == "train":
-            if (event.epoch, event.iteration) == (self.epoch, self.iteration):
-                self.interrupter.stop("test stop")
+        train = isinstance(event, ProcessedItem) and event.split == "train"
+        if train and (event.epoch, event.iteration) == (self.epoch, self.iteration):
+            self.interrupter.stop("test stop")
 
 
 def test_a_checkpointer_of_ones_own_resumes_exactly_and_keeps_what_the_strategy_keeps(
@@ -135,12 +135,12 @@ def test_a_checkpointer_of_ones_own_resumes_exactly_and_keeps_what_the_strategy_
     assert memory.epochs() == sorted({3, 4, best})
     assert history["checkpoints"] == memory.epochs()
     assert history["outcome"] == "completed"
-    assert "Resumed from the checkpoint of epoch 2" in (tmp_path / "b" / "experiment.log").read_text()
+    assert (
+        "Resumed from the checkpoint of epoch 2" in (tmp_path / "b" / "experiment.log").read_text()
+    )
 
 
-def test_a_checkpointer_of_ones_own_resumes_mid_epoch_and_restores_the_best(
-    tmp_path, blobs, quiet
-):
+def test_a_checkpointer_of_ones_own_resumes_mid_epoch_and_restores_the_best(tmp_path, blobs, quiet):
     ember.seed(5)
     straight = train(builder(tmp_path / "a", quiet, 3, MemoryCheckpointer()), blobs)
 
@@ -178,5 +178,7 @@ def test_an_object_that_is_not_a_checkpointer_is_refused_with_what_it_lacks(tmp_
         def save(self, *args, **kwargs):
             pass
 
-    with pytest.raises(ConfigError, match=r"Half is not a checkpointer: it has no `load`, `epochs`"):
+    with pytest.raises(
+        ConfigError, match=r"Half is not a checkpointer: it has no `load`, `epochs`"
+    ):
         LearnerBuilder(tmp_path).with_checkpointer(Half())
