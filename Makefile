@@ -41,6 +41,7 @@ check: venv
 	$(PY) -m ruff check src tests examples bench
 	$(PY) -m ruff format --check src tests examples bench
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site

@@ -14,6 +14,7 @@ prefix) and shown when one of them fails.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import socket
@@ -283,3 +284,20 @@ def _watch(context: Distributed, grace: float = 10.0) -> None:
                     os._exit(1)
                 return
         time.sleep(0.2)
+
+
+def join(ddp: Any) -> Any:
+    """DDP's Join context: ranks with fewer batches keep answering the others' reductions."""
+    if ddp is None:
+        return contextlib.nullcontext()
+    from torch.distributed.algorithms.join import Join
+
+    return Join([ddp])
+
+
+_NULL = contextlib.nullcontext()
+
+
+def no_sync(ddp: Any, accumulate: bool) -> Any:
+    """Skip DDP's gradient reduction on all but the last batch of a group."""
+    return ddp.no_sync() if ddp is not None and accumulate else _NULL

@@ -10,7 +10,6 @@ listeners only receive what the loop hands them.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any, Iterable, Mapping
 
@@ -23,7 +22,7 @@ from ember.train.artifacts import Artifacts
 from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size
 from ember.train.checkpoint.policy import CheckpointPolicy, Resume
 from ember.train.describe import describe, describe_run, run_info
-from ember.train.distributed import Distributed, setup, wrap
+from ember.train.distributed import Distributed, join, no_sync, setup, wrap
 from ember.train.events import End, EndEpoch, ProcessedItem, Start
 from ember.train.guard import LossGuard
 from ember.train.history import RunHistory
@@ -36,7 +35,7 @@ from ember.train.position import Position
 from ember.train.processor import MetricsProcessor
 from ember.train.renderer.silent import SilentRenderer
 from ember.train.signals import signal_handlers
-from ember.train.step import TrainOutput
+from ember.train.step import check_train_output
 
 log = logging.getLogger(__name__)
 EpochValues = dict[str, dict[str, float]]
@@ -146,7 +145,7 @@ class Learner:
         train_plan = BatchPlanner(train, self.grads_accumulation, shard)
         valid_plan = BatchPlanner(valid, 1, shard) if valid is not None else None
         if dist is not None:
-            self._prepare_processes(dist, train_plan, valid_plan)
+            self._prepare_processes(dist, processor, train_plan, valid_plan)
         reason = "failed"
         try:
             with signal_handlers(self.interrupter):
@@ -223,7 +222,7 @@ class Learner:
         if start.iteration and (dist is None or dist.main):
             self._resume_logs(processor, start, resume.log_lines)
         self.iteration, self.items, stop = start.iteration, start.items, False
-        with _join(self._ddp):
+        with join(self._ddp):
             for step in plan:
                 finite = self._run_step(processor, step, epoch, plan.total, start.iteration + 1)
                 self._step_optimizer(finite, epoch)
@@ -254,11 +253,12 @@ class Learner:
             self.items += step.items[index]
             if self._move:
                 batch = to_device(batch, self.device)
-            with _no_sync(ddp, index < last):
+            with no_sync(ddp, index < last):
                 with optim.autocast():
                     output = _call_step(forward, batch, "train_step", epoch, iteration)
                 if iteration == check:
-                    self._check_output(output, processor)
+                    check_train_output(self.model, output)
+                    processor.check("train", output.item)
                 finite = guard.check(output.loss, epoch, iteration) and finite
                 optim.backward(output.loss, step.shares[index])
             processor.update(output.item, iteration, step.sizes[index], lr)
@@ -362,25 +362,18 @@ class Learner:
         }
 
     def _prepare_processes(
-        self, dist: Distributed, train: BatchPlanner, valid: BatchPlanner | None
+        self,
+        dist: Distributed,
+        processor: MetricsProcessor,
+        train: BatchPlanner,
+        valid: BatchPlanner | None,
     ) -> None:
         """Several processes: check that the loaders shard exactly, warn about metrics
         that see one process's data, wrap the model in DDP."""
         train.check_shardable("training")
         if valid is not None:
             valid.check_shardable("validation")
-        for split, entries in self.metrics.items():
-            for entry in entries:
-                metric = entry.metric
-                whole_epoch = callable(getattr(metric, "epoch_value", None))
-                mergeable = callable(getattr(metric, "merge_epoch_states", None))
-                if whole_epoch and not mergeable and not getattr(metric, "syncs_itself", False):
-                    log.warning(
-                        "%s (%s) computes its epoch value from the whole epoch: under several "
-                        "processes it covers rank 0's share of the data only.",
-                        entry.name,
-                        split,
-                    )
+        processor.warn_unmerged_metrics()
         self._ddp = wrap(self.model, dist)
         dist.barrier()  # rank 0 has prepared the artifact directory
 
@@ -418,24 +411,6 @@ class Learner:
             self.model.train()
             restore_rng_state(rng)
 
-    def _check_output(self, output: Any, processor: MetricsProcessor) -> None:
-        if not isinstance(output, TrainOutput):
-            raise TrainingError(
-                f"{type(self.model).__name__}.train_step returned {type(output).__name__}; it must "
-                "return TrainOutput(item) (ember calls backward on item.loss)."
-            )
-        if output.loss.dim() != 0:
-            raise TrainingError(
-                f"train_step's loss has shape {tuple(output.loss.shape)}; it must be a scalar. "
-                "Reduce it (e.g. loss.mean()) before returning it."
-            )
-        if not output.loss.requires_grad:
-            raise TrainingError(
-                "train_step's loss does not require grad: it was computed without autograd "
-                "(under torch.no_grad()/inference_mode, or from detached tensors)."
-            )
-        processor.check("train", output.item)
-
     # Ending ----------------------------------------------------------------------
     def _print_summary(self) -> None:
         from ember.train.summary import LearnerSummary
@@ -469,23 +444,6 @@ class Learner:
     def _emit(self, event: Any) -> None:
         for listener in self.listeners:
             listener.on_event(event)
-
-
-def _join(ddp: Any) -> Any:
-    """DDP's Join context: ranks with fewer batches keep answering the others' reductions."""
-    if ddp is None:
-        return contextlib.nullcontext()
-    from torch.distributed.algorithms.join import Join
-
-    return Join([ddp])
-
-
-_NULL = contextlib.nullcontext()
-
-
-def _no_sync(ddp: Any, accumulate: bool) -> Any:
-    """Skip DDP's gradient reduction on all but the last batch of a group."""
-    return ddp.no_sync() if ddp is not None and accumulate else _NULL
 
 
 def _call_step(step: Any, batch: Any, name: str, epoch: int, iteration: int) -> Any:

@@ -14,25 +14,11 @@ from ember.train.early_stopping import EarlyStoppingStrategy
 from ember.train.events import Listener
 from ember.train.interrupter import Interrupter
 from ember.train.logger.base import MetricLogger
-from ember.train.metric.base import Metric, metric_unit
+from ember.train.metric.base import RegisteredMetric
 from ember.train.optimization import Optimization
 from ember.train.renderer.base import Renderer
 
-
-@dataclass(frozen=True)
-class RegisteredMetric:
-    """A metric registered for one split; `numeric` ones are plotted too."""
-
-    metric: Metric
-    numeric: bool
-
-    @property
-    def name(self) -> str:
-        return str(self.metric.name)
-
-    @property
-    def unit(self) -> str:
-        return metric_unit(self.metric)
+__all__ = ["LearnerOptions", "RegisteredMetric"]
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ the renderer. The loop never waits on an accelerator for a metric.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Mapping, Sequence
 
@@ -16,10 +17,11 @@ from torch import Tensor
 from ember.errors import TrainingError
 from ember.train.logger.base import MetricLogger, MetricRecord
 from ember.train.metric.adapt import adapt
-from ember.train.metric.base import MetricMetadata
+from ember.train.metric.base import MetricMetadata, RegisteredMetric
 from ember.train.metric.state import MetricState, to_host
-from ember.train.options import RegisteredMetric
 from ember.train.renderer.base import MetricView, Progress, Renderer
+
+log = logging.getLogger(__name__)
 
 
 class MetricsProcessor:
@@ -61,6 +63,22 @@ class MetricsProcessor:
         self._next_tick = self._started + self.tick
         for state in self.states.get(split, ()):
             state.clear()
+
+    def warn_unmerged_metrics(self) -> None:
+        """Several processes: name the metrics whose epoch value will cover rank 0's
+        share of the data only (whole-epoch metrics that cannot merge their state)."""
+        for split, states in self.states.items():
+            for state in states:
+                metric = state.metric
+                whole_epoch = callable(getattr(metric, "epoch_value", None))
+                mergeable = callable(getattr(metric, "merge_epoch_states", None))
+                if whole_epoch and not mergeable and not getattr(metric, "syncs_itself", False):
+                    log.warning(
+                        "%s (%s) computes its epoch value from the whole epoch: under several "
+                        "processes it covers rank 0's share of the data only.",
+                        state.name,
+                        split,
+                    )
 
     def check(self, split: str, item: Any) -> None:
         """Raise a clear error if a metric of `split` cannot read `item`."""

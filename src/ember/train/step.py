@@ -67,3 +67,23 @@ def check_steps(model: Any) -> None:
             "the Learner defines `train_step(self, batch) -> TrainOutput` and "
             "`valid_step(self, batch) -> output` (e.g. a ClassificationOutput)."
         )
+
+
+def check_train_output(model: Any, output: Any) -> None:
+    """The first `train_step` output of a run: a `TrainOutput` with a scalar loss that
+    autograd can differentiate; otherwise an error naming the fix."""
+    if not isinstance(output, TrainOutput):
+        raise TrainingError(
+            f"{type(model).__name__}.train_step returned {type(output).__name__}; it must "
+            "return TrainOutput(item) (ember calls backward on item.loss)."
+        )
+    if output.loss.dim() != 0:
+        raise TrainingError(
+            f"train_step's loss has shape {tuple(output.loss.shape)}; it must be a scalar. "
+            "Reduce it (e.g. loss.mean()) before returning it."
+        )
+    if not output.loss.requires_grad:
+        raise TrainingError(
+            "train_step's loss does not require grad: it was computed without autograd "
+            "(under torch.no_grad()/inference_mode, or from detached tensors)."
+        )

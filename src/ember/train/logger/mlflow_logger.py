@@ -14,7 +14,7 @@ from ember.errors import EmberError
 from ember.train.logger._steps import GlobalSteps
 from ember.train.logger.base import MetricRecord
 
-log = logging.getLogger("ember")
+log = logging.getLogger(__name__)
 
 MAX_KEY_LENGTH = 250
 METRICS_PER_BATCH = 1000

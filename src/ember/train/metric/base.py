@@ -10,6 +10,7 @@ the metric defines `epoch_value()` (e.g. AUROC, which needs the whole epoch).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, Sequence, Union, runtime_checkable
 
 import torch
@@ -87,3 +88,19 @@ def weighted_mean(rows: Sequence[tuple[float, float]]) -> float:
     if total == 0:
         return math.nan
     return math.fsum(value * weight for value, weight in rows) / total
+
+
+@dataclass(frozen=True)
+class RegisteredMetric:
+    """A metric registered for one split; `numeric` ones are plotted too."""
+
+    metric: Metric
+    numeric: bool
+
+    @property
+    def name(self) -> str:
+        return str(self.metric.name)
+
+    @property
+    def unit(self) -> str:
+        return metric_unit(self.metric)
