@@ -29,11 +29,14 @@ from ember.train.metric.base import weighted_mean
 __all__ = [
     "SPLITS",
     "Artifacts",
+    "checkpoint_epochs",
+    "checkpoint_path",
     "format_line",
     "format_value",
     "format_weight",
     "metric_file_name",
     "metric_log_path",
+    "metric_stem",
     "read_metric_log",
     "weighted_mean",
 ]
@@ -52,6 +55,11 @@ def metric_file_name(name: str) -> str:
     safe = _UNSAFE.sub("_", name.strip().replace(" ", "_"))
     safe = safe.lstrip(".") or "metric"
     return f"{safe}.log"
+
+
+def metric_stem(name: str) -> str:
+    """A metric's log file name without `.log`: how summaries and plots name it."""
+    return metric_file_name(name)[: -len(".log")]
 
 
 def metric_log_path(split_dir: str | os.PathLike[str], epoch: int, name: str) -> Path:
@@ -103,6 +111,24 @@ def read_metric_log(path: str | os.PathLike[str]) -> list[tuple[float, float]]:
     """The `(value, weight)` lines of a metric log. An unterminated last line (left by
     a kill mid-write) is ignored; a malformed complete line is an error."""
     return parse_lines(Path(path).read_text(encoding="utf-8", errors="replace"), path)
+
+
+# Checkpoint files -------------------------------------------------------------------
+def checkpoint_path(
+    directory: str | os.PathLike[str], part: str, epoch: int, extension: str
+) -> Path:
+    """`directory/<part>-<epoch>.<extension>`, e.g. `checkpoint/model-3.mpk.gz`."""
+    return Path(directory) / f"{part}-{epoch}.{extension}"
+
+
+def checkpoint_epochs(directory: str | os.PathLike[str], part: str, extension: str) -> list[int]:
+    """The epochs that have a `part` file in `directory`, oldest first."""
+    pattern = re.compile(rf"^{re.escape(part)}-(\d+)\.{re.escape(extension)}$")
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    found = (pattern.match(entry.name) for entry in root.iterdir())
+    return sorted(int(match.group(1)) for match in found if match)
 
 
 # The directory ----------------------------------------------------------------------

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ember.errors import EmberError
-from ember.train.artifacts import SPLITS, Artifacts, metric_file_name, read_metric_log
+from ember.train.artifacts import SPLITS, Artifacts, metric_stem, read_metric_log
 from ember.train.history import RunHistory
 from ember.train.metric.base import weighted_mean
 
@@ -24,7 +24,7 @@ def epoch_values(
         for epoch, values in RunHistory.load(artifacts.history).epochs:
             for split in SPLITS:
                 for name, value in values.get(split, {}).items():
-                    stem = metric_file_name(name)[: -len(".log")]
+                    stem = metric_stem(name)
                     series.setdefault((split, stem), []).append((epoch, value))
         return series
     for split in SPLITS:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any, Callable
 
 from ember.errors import TrainingError
+from ember.train.artifacts import checkpoint_epochs, checkpoint_path
 from ember.train.checkpoint.base import PARTS
 from ember.train.checkpoint.strategy import CheckpointingStrategy, apply_retention
 from ember.train.checkpoint.writer import AsyncWriter, snapshot
@@ -42,7 +42,7 @@ class FileCheckpointer:
         self._writer = AsyncWriter() if asynchronous else None
 
     def path(self, part: str, epoch: int) -> Path:
-        return self.directory / f"{part}-{epoch}.{self.extension}"
+        return checkpoint_path(self.directory, part, epoch, self.extension)
 
     def save(
         self,
@@ -116,16 +116,11 @@ class FileCheckpointer:
 
     def epochs(self) -> list[int]:
         """The epochs with a complete checkpoint (all three parts), oldest first."""
-        pattern = re.compile(rf"^scheduler-(\d+)\.{re.escape(self.extension)}$")
-        found = []
-        if self.directory.is_dir():
-            for entry in self.directory.iterdir():
-                match = pattern.match(entry.name)
-                if match:
-                    epoch = int(match.group(1))
-                    if all(self.path(part, epoch).exists() for part in PARTS):
-                        found.append(epoch)
-        return sorted(found)
+        return [
+            epoch
+            for epoch in checkpoint_epochs(self.directory, "scheduler", self.extension)
+            if all(self.path(part, epoch).exists() for part in PARTS)
+        ]
 
     def delete(self, epoch: int) -> None:
         """Remove every part of `epoch`, the scheduler part first (missing parts are fine)."""

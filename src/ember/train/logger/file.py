@@ -67,7 +67,7 @@ class FileMetricLogger:
                 handle.flush()
         except OSError as error:
             raise EmberError(
-                f"Writing the metric logs under {self.directory / f'epoch-{epoch}'} failed: "
+                f"Writing the metric logs under {self.path(epoch, '').parent} failed: "
                 f"{error.strerror or error}. Free disk space or fix permissions; resume with "
                 "checkpoint('latest')."
             ) from error
