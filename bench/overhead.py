@@ -40,6 +40,7 @@ from ember.train import ClassificationOutput, LearnerBuilder, TrainOutput
 from ember.train.guard import LossGuard
 from ember.train.logger.file import FileMetricLogger
 from ember.train.metric import AccuracyMetric, LossMetric
+from ember.train.metric.base import RegisteredMetric
 from ember.train.optimization import Optimization
 from ember.train.processor import MetricsProcessor
 from ember.train.renderer import PlainRenderer
@@ -138,7 +139,10 @@ def part2() -> list[tuple[str, float]]:
     item = ClassificationOutput(loss, logits, targets)
     guard = LossGuard("stop", device)
     scratch = tempfile.mkdtemp(prefix="ember-overhead-")
-    metrics = {"train": [(AccuracyMetric(), True), (LossMetric(), True)], "valid": []}
+    metrics = {
+        "train": [RegisteredMetric(AccuracyMetric(), True), RegisteredMetric(LossMetric(), True)],
+        "valid": [],
+    }
     loggers = {"train": [FileMetricLogger(scratch)], "valid": []}
     processor = MetricsProcessor(
         metrics, loggers, PlainRenderer(3600.0, stream=io.StringIO()), 1, tick=1e9

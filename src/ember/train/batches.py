@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 from ember.data.device import first_dim
 from ember.errors import TrainingError
@@ -37,9 +36,9 @@ def batch_size(batch: Any) -> int:
     return first_dim(batch) or 0
 
 
-@dataclass(frozen=True)
-class Step:
-    """One optimizer step's batches (all of them, even under accumulation)."""
+class Step(NamedTuple):
+    """One optimizer step's batches (all of them, even under accumulation). A named
+    tuple: one is made per optimizer step, so it must be cheap."""
 
     batches: list[Any]
     first: int
