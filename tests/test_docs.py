@@ -13,9 +13,9 @@ Rules, so the docs cannot drift from the code:
 - A line `--8<-- "path/to/file.py"` (pymdownx.snippets, path from the repository
   root) is replaced by that file; a block made only of such lines executes each file
   with `__file__` set to it, so the example files the guide shows run as they are.
-- README.md's quick start trains on `train_loader` and `valid_loader`, which it leaves
-  to the reader: `SETUP` gives them (small random MNIST-shaped data) before its first
-  block. Nothing else is set up for any page.
+- Nothing is set up for any page: each one runs as a reader would copy it (README's
+  quick start reads the MNIST cache that `make test` fills). `SETUP` may give a page
+  code to run before its first block.
 
 All pages run in one subprocess (torch is imported once), so a page cannot disturb
 the test process (signal handlers, sys.path, logging). `python tests/test_docs.py
@@ -42,18 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOT_RUN = "<!-- not run -->"
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 
-SETUP = {
-    "README.md": """
-import torch
-from ember.data import DataLoaderBuilder
-
-_images = torch.randn(256, 28, 28)
-_targets = torch.randint(0, 10, (256,))
-_items = list(zip(_images, _targets))
-train_loader = DataLoaderBuilder().batch_size(64).shuffle(0).build(_items[:192])
-valid_loader = DataLoaderBuilder().batch_size(64).build(_items[192:])
-""",
-}
+SETUP: dict[str, str] = {}
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>.*)$")
 _SNIPPET = re.compile(r"""^\s*-{1,}8<-{1,}\s+["'](?P<path>[^"']+)["']\s*$""")

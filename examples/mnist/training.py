@@ -33,7 +33,7 @@ class TrainingConfig(Config):
     learning_rate: float = 1.0e-4
 
 
-def train(artifact_dir: str, config: TrainingConfig, device: str, limit: int | None = None) -> None:
+def train(artifact_dir: str, config: TrainingConfig, device: str, limit: int | None = None) -> int:
     if ember.is_main_process():  # once, even when training on several devices
         shutil.rmtree(artifact_dir, ignore_errors=True)  # a fresh run each time
         Path(artifact_dir).mkdir(parents=True)
@@ -74,17 +74,18 @@ def train(artifact_dir: str, config: TrainingConfig, device: str, limit: int | N
     model = learner.fit(loader_train, loader_test)
     if ember.is_main_process():
         CompactRecorder().save(model, f"{artifact_dir}/model")
+    return learner.exit_code  # 143 after SIGTERM: a job scheduler sees the preemption
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--artifact-dir", default="artifacts/mnist")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N images")
     known, overrides = parser.parse_known_args(argv)
     config = TrainingConfig().with_args(overrides)
-    train(known.artifact_dir, config, known.device, known.limit)
+    return train(known.artifact_dir, config, known.device, known.limit)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

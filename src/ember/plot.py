@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ember.errors import EmberError
-from ember.train.artifacts import SPLITS, Artifacts, read_metric_log
+from ember.train.artifacts import SPLITS, Artifacts, format_value, read_metric_log
 from ember.train.summary import epoch_values
 
 COLOURS = {"train": "#1f77b4", "valid": "#ff7f0e"}
@@ -161,7 +161,7 @@ def plot_iterations(metric: MetricLogs, path: Path) -> Path:
 
 
 def plot_epochs(metric: MetricLogs, path: Path) -> Path:
-    """Epoch values (weighted means of the iteration values), train against valid."""
+    """The run's exact epoch values (as `ember summary` shows them), train against valid."""
     Figure, Canvas = _matplotlib()
     figure = Figure(figsize=(9, 5), layout="constrained")
     ax = figure.subplots()
@@ -171,7 +171,7 @@ def plot_epochs(metric: MetricLogs, path: Path) -> Path:
         if not epochs:
             continue
         all_epochs += epochs
-        label = f"{split} (epoch {epochs[-1]}: {values[-1]:.4g})"
+        label = f"{split} (epoch {epochs[-1]}: {format_value(values[-1])})"
         ax.plot(epochs, values, color=COLOURS[split], marker="o", linewidth=2.0, label=label)
     if all_epochs:
         first, last = min(all_epochs), max(all_epochs)
@@ -179,7 +179,7 @@ def plot_epochs(metric: MetricLogs, path: Path) -> Path:
         ax.set_xticks(range(first, last + 1, step))
         ax.set_xlim(first - 0.5, last + 0.5)
     ax.set_title(
-        f"{metric.name} per epoch (mean over the epoch's iterations)",
+        f"{metric.name} per epoch",
         fontsize=13,
         fontweight="bold",
     )

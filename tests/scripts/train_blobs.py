@@ -37,7 +37,7 @@ class Slow(Classifier):
         return super().train_step(batch)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("dir")
     parser.add_argument("--epochs", type=int, default=3)
@@ -91,7 +91,8 @@ def main() -> None:
     model = learner.fit(train, valid)
     if learner.outcome == "completed":
         DefaultRecorder().save(model, Path(args.dir) / "final")
+    return learner.exit_code
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

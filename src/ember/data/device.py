@@ -55,3 +55,25 @@ def first_dim(batch: Any) -> int | None:
         if size is not None:
             return size
     return None
+
+
+def describe(batch: Any, depth: int = 0) -> str:
+    """A short structural description of a batch: types, shapes, dtypes, devices."""
+    if isinstance(batch, torch.Tensor):
+        return f"Tensor{list(batch.shape)} {str(batch.dtype).replace('torch.', '')} {batch.device}"
+    if depth > 3:
+        return type(batch).__name__
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        inner = ", ".join(
+            f"{f.name}={describe(getattr(batch, f.name), depth + 1)}"
+            for f in dataclasses.fields(batch)
+        )
+        return f"{type(batch).__name__}({inner})"
+    if isinstance(batch, dict):
+        inner = ", ".join(f"{k!r}: {describe(v, depth + 1)}" for k, v in list(batch.items())[:8])
+        return "{" + inner + "}"
+    if isinstance(batch, (list, tuple)):
+        inner = ", ".join(describe(v, depth + 1) for v in list(batch)[:8])
+        more = ", ..." if len(batch) > 8 else ""
+        return f"{type(batch).__name__}({inner}{more})"
+    return type(batch).__name__

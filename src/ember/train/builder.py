@@ -75,6 +75,7 @@ class LearnerBuilder:
         self._early_stopping: EarlyStoppingStrategy | None = None
         self._strategy: CheckpointingStrategy | None = None
         self._on_checkpoint_error = "stop"
+        self._compile: dict[str, Any] | None = None
 
     # Metrics -----------------------------------------------------------------
     def _add_metric(self, split: str, metric: Any, numeric: bool) -> LearnerBuilder:
@@ -170,6 +171,8 @@ class LearnerBuilder:
             raise ConfigError(f"devices(): {error}") from None
         if not timeout > 0:
             raise ConfigError(f"devices(timeout=...) must be > 0 seconds, got {timeout!r}.")
+        for device in parsed:
+            _check_available(device)
         self._devices = parsed
         self._timeout = float(timeout)
         return self
@@ -208,6 +211,14 @@ class LearnerBuilder:
         """Resume from the checkpoint of `epoch` (or `"latest"`, the newest one, which
         may be a run stopped mid-epoch) and continue right after it."""
         self._checkpoint = epoch if epoch == "latest" else _positive_int(epoch, "checkpoint")
+        return self
+
+    def compile(self, **options: Any) -> LearnerBuilder:
+        """Compile the model with `torch.compile` (`options` are its keyword arguments,
+        e.g. `mode="max-autotune"`, `backend="inductor"`). The module is compiled in
+        place (`nn.Module.compile`), so its steps run the compiled forward and its
+        checkpoints keep the plain model's parameter names."""
+        self._compile = dict(options)
         return self
 
     def mixed_precision(self, dtype: str) -> LearnerBuilder:
@@ -254,6 +265,12 @@ class LearnerBuilder:
 
         if not isinstance(model, torch.nn.Module):
             raise ConfigError(f"build() needs a torch.nn.Module, got {type(model).__name__}.")
+        if hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule":
+            raise ConfigError(
+                "build() got a model wrapped by torch.compile(model): its steps would run "
+                "uncompiled and its checkpoints would carry '_orig_mod.' keys. Pass the model "
+                "itself and ask for compilation with LearnerBuilder.compile(**options)."
+            )
         check_steps(model)
         placement = from_environment()
         if self._devices is None and placement is None:
@@ -261,6 +278,8 @@ class LearnerBuilder:
         else:
             device = process_device(self._devices, placement[2] if placement else 0)
         model.to(device)
+        if self._compile is not None:
+            model.compile(**self._compile)
         scheduler = _scheduler(lr)
         torch_optimizer = _bind_optimizer(optimizer, model, _initial_lr(scheduler))
         optimization = Optimization(
@@ -301,6 +320,7 @@ class LearnerBuilder:
             summary=self._summary,
             early_stopping=self._early_stopping,
             nonfinite_loss=self._nonfinite,
+            compile=self._compile,
         )
         return Learner(options)
 
@@ -333,6 +353,25 @@ class LearnerBuilder:
                 f"checkpoint({self._checkpoint}): there is no checkpoint of epoch "
                 f"{self._checkpoint} in {checkpointer} (epochs saved: {listing})."
             )
+
+
+def _check_available(device: torch.device) -> None:
+    """A device that this machine does not have is named at once, with those it has."""
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        names = ", ".join(["cpu", *(f"cuda:{index}" for index in range(count))])
+        if count == 0:
+            raise ConfigError(
+                f"devices(): {device} is not available: torch sees no CUDA device on this "
+                f"machine (torch {torch.__version__}). Devices here: {names}."
+            )
+        if device.index is not None and device.index >= count:
+            raise ConfigError(
+                f"devices(): {device} does not exist: this machine has {count} CUDA "
+                f"device(s). Devices here: {names}."
+            )
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"devices(): {device} is not available on this machine. Use 'cpu'.")
 
 
 def _checkpoint_error_policy(value: str) -> str:

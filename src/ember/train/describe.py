@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from typing import Any
 
 import torch
 
+from ember.data.device import describe
 from ember.train.renderer.base import RunInfo
+
+__all__ = ["describe", "describe_run", "run_info"]
 
 
 def run_info(learner: Any, start_epoch: int) -> RunInfo:
@@ -44,6 +46,10 @@ def describe_run(learner: Any, info: RunInfo) -> str:
         extras.append(f"gradient norm clipped at {optim.clip_norm}")
     if optim.clip_value is not None:
         extras.append(f"gradient values clipped at {optim.clip_value}")
+    compiled = learner.options.compile
+    if compiled is not None:
+        options = ", ".join(f"{key}={value!r}" for key, value in compiled.items())
+        extras.append(f"compiled ({options or 'torch.compile defaults'})")
     dist = learner.dist
     if dist is not None:
         extras.append(f"{dist.world} processes ({dist.backend}), rank 0 writes the artifacts")
@@ -55,25 +61,3 @@ def describe_run(learner: Any, info: RunInfo) -> str:
         f"metrics train [{names['train']}], valid [{names['valid']}]; python "
         f"{sys.version.split()[0]}, torch {torch.__version__}"
     )
-
-
-def describe(batch: Any, depth: int = 0) -> str:
-    """A short structural description of a batch: types, shapes, dtypes, devices."""
-    if isinstance(batch, torch.Tensor):
-        return f"Tensor{list(batch.shape)} {str(batch.dtype).replace('torch.', '')} {batch.device}"
-    if depth > 3:
-        return type(batch).__name__
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        inner = ", ".join(
-            f"{f.name}={describe(getattr(batch, f.name), depth + 1)}"
-            for f in dataclasses.fields(batch)
-        )
-        return f"{type(batch).__name__}({inner})"
-    if isinstance(batch, dict):
-        inner = ", ".join(f"{k!r}: {describe(v, depth + 1)}" for k, v in list(batch.items())[:8])
-        return "{" + inner + "}"
-    if isinstance(batch, (list, tuple)):
-        inner = ", ".join(describe(v, depth + 1) for v in list(batch)[:8])
-        more = ", ..." if len(batch) > 8 else ""
-        return f"{type(batch).__name__}({inner}{more})"
-    return type(batch).__name__

@@ -12,9 +12,12 @@ class Interrupter:
     def __init__(self) -> None:
         self._event = threading.Event()
         self.message: str | None = None
+        self.signal: int | None = None
+        """The signal that asked for the stop (SIGTERM, SIGINT), if one did."""
 
-    def stop(self, message: str | None = None) -> None:
+    def stop(self, message: str | None = None, *, signal: int | None = None) -> None:
         self.message = message or "stop requested"
+        self.signal = signal
         self._event.set()
 
     def should_stop(self) -> bool:
@@ -23,3 +26,4 @@ class Interrupter:
     def reset(self) -> None:
         self._event.clear()
         self.message = None
+        self.signal = None

@@ -35,7 +35,7 @@ from ember.train.position import Position
 from ember.train.processor import MetricsProcessor
 from ember.train.renderer.silent import SilentRenderer
 from ember.train.signals import signal_handlers
-from ember.train.step import check_train_output
+from ember.train.step import check_steps, check_train_output
 
 log = logging.getLogger(__name__)
 EpochValues = dict[str, dict[str, float]]
@@ -76,8 +76,24 @@ class Learner:
         self.epoch = 0
         self.iteration = 0
         self.items = 0
+        self._fitted = False
         self.outcome: str | None = None
-        """After `fit`: "completed", "stopped: <why>" or "stopped early: <why>"."""
+        """After `fit`: "completed", "stopped: <why>" or "stopped early: <why>"; "failed" or
+        "interrupted" (a second Ctrl-C) when `fit` raised."""
+
+    @property
+    def exit_code(self) -> int:
+        """The status a training script should exit with after `fit`: 0 when the run
+        completed, stopped early or was stopped by a request (the dashboard, code);
+        128 + the signal number when a signal stopped it (143 for SIGTERM, 130 for
+        Ctrl-C), so a job scheduler sees a preemption; 1 when it failed."""
+        if self.outcome == "interrupted":
+            return 130
+        if self.outcome is None or self.outcome == "failed":
+            return 1
+        if self.outcome.startswith("stopped:") and self.interrupter.signal is not None:
+            return 128 + int(self.interrupter.signal)
+        return 0
 
     @property
     def history(self) -> list[tuple[int, EpochValues]]:
@@ -95,8 +111,16 @@ class Learner:
         """Train for the configured epochs and return the trained model (with
         `restore_best=True`, the weights of the epoch the checkpointing strategy holds
         to be the best)."""
+        if self._fitted:
+            raise TrainingError(
+                "fit() was already called on this Learner: a Learner runs once. Build a new "
+                "one with the same builder (add checkpoint('latest') to continue this run)."
+            )
+        self._fitted = True
+        if valid is not None:
+            check_steps(self.model, ("valid_step",))
         if restore_best:
-            self.checkpoints.check_restore_best()
+            self.checkpoints.check_restore_best(self.metrics)
         self.dist = setup(self.devices, self.options.distributed_timeout)
         main = self.dist is None or self.dist.main
         lock = RunLock(self.artifacts.lock) if main else None
@@ -138,8 +162,11 @@ class Learner:
         app_log = FileApplicationLogger(self.artifacts.experiment_log)
         if self.options.application_log and main:
             app_log.install()
+        for note in resume.notes:
+            log.warning("%s", note)
         loggers = self._loggers(main)
-        renderer = self.renderer if main else SilentRenderer()
+        complete = start.epoch > self.num_epochs  # a finished run resumed: nothing to show
+        renderer = self.renderer if main and not complete else SilentRenderer()
         processor = MetricsProcessor(self.metrics, loggers, renderer, self.num_epochs)
         shard = (dist.rank, dist.world) if dist is not None else None
         train_plan = BatchPlanner(train, self.grads_accumulation, shard)
@@ -153,16 +180,17 @@ class Learner:
                 info = run_info(self, start.epoch)
                 log.info("%s", describe_run(self, info))
                 self.run_history.describe_model(info.model_name, info.num_parameters)
-                if start.epoch > self.num_epochs:
+                if complete:
+                    self.epoch = start.epoch - 1
                     log.warning(
-                        "The checkpoint is at the end of epoch %d and num_epochs is %d: nothing is "
-                        "left to train, the trained model is returned as it is. Raise num_epochs "
-                        "to train further.",
-                        start.epoch - 1,
+                        "The run is already complete: its checkpoint is at the end of epoch %d "
+                        "and num_epochs is %d, so nothing is left to train and the trained model "
+                        "is returned as it is. Raise num_epochs to train further.",
+                        self.epoch,
                         self.num_epochs,
                     )
                 elif valid is not None:
-                    self._preflight_valid(valid, processor)
+                    self._preflight_valid(valid, processor, start.epoch)
                 renderer.start(info)
                 self._emit(Start(start.epoch, self.num_epochs, str(self.artifact_dir)))
                 reason = self._epochs(processor, train_plan, valid_plan, resume)
@@ -179,6 +207,7 @@ class Learner:
                 log.error("Training interrupted (KeyboardInterrupt) at %s.", where)
             else:
                 log.exception("Training failed at %s.", where)
+            self.outcome = reason
             raise
         finally:
             self._close(loggers, renderer, reason)
@@ -258,7 +287,7 @@ class Learner:
                     output = _call_step(forward, batch, "train_step", epoch, iteration)
                 if iteration == check:
                     check_train_output(self.model, output)
-                    processor.check("train", output.item)
+                    processor.check("train", output.item, epoch)
                 finite = guard.check(output.loss, epoch, iteration) and finite
                 optim.backward(output.loss, step.shares[index])
             processor.update(output.item, iteration, step.sizes[index], lr)
@@ -310,7 +339,7 @@ class Learner:
         return a reason to stop."""
         for split, split_values in values.items():
             if split_values:
-                text = ", ".join(f"{name} {value:.6g}" for name, value in split_values.items())
+                text = ", ".join(f"{name} {value!r}" for name, value in split_values.items())
                 log.info("Epoch %d %s: %s", epoch, split, text)
         self.run_history.add_epoch(epoch, values)
         reason = None
@@ -392,7 +421,9 @@ class Learner:
         }
         processor.resume(rows)
 
-    def _preflight_valid(self, loader: Iterable[Any], processor: MetricsProcessor) -> None:
+    def _preflight_valid(
+        self, loader: Iterable[Any], processor: MetricsProcessor, epoch: int
+    ) -> None:
         """Run one validation batch before training, so that a valid_step or a validation
         metric that cannot work fails now, not after an epoch. RNGs are left untouched."""
         if not self.metrics.get("valid"):
@@ -405,7 +436,7 @@ class Learner:
                     item = _call_step(
                         self.model.valid_step, to_device(batch, self.device), "valid_step", 0, 1
                     )
-                    processor.check("valid", item)
+                    processor.check("valid", item, epoch)
                     break
         finally:
             self.model.train()

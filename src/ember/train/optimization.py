@@ -12,7 +12,7 @@ from typing import Any, ContextManager, Literal
 
 import torch
 
-from ember.errors import ConfigError
+from ember.errors import ConfigError, TrainingError
 from ember.lr.base import LrDriver
 
 MixedPrecision = Literal["bf16", "fp16"]
@@ -58,7 +58,17 @@ class Optimization:
         scaled = loss * share if share != 1.0 else loss
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
-        scaled.backward()
+        try:
+            scaled.backward()
+        except RuntimeError as error:
+            if "backward through the graph a second time" in str(error):
+                raise TrainingError(
+                    "train_step called loss.backward() itself: ember calls backward on the "
+                    "loss the step returns (that is how it accumulates gradients, scales "
+                    "mixed-precision losses and synchronises devices). Remove the backward() "
+                    "call (and any optimizer.step()/zero_grad()) from train_step."
+                ) from error
+            raise
 
     def step(self) -> None:
         """Apply the accumulated gradients, then clear them."""

@@ -50,3 +50,5 @@ class LearnerOptions:
     summary: bool
     early_stopping: EarlyStoppingStrategy | None
     nonfinite_loss: Any
+    compile: Mapping[str, Any] | None = None
+    """The `torch.compile` options the model was compiled with, or None."""

@@ -29,6 +29,11 @@ def protocol_members(protocol: type) -> dict[str, bool]:
 
 def check_plugin(plugin: Any, protocol: type, what: str) -> None:
     """Raise `ConfigError` unless `plugin` has every member of `protocol`."""
+    if isinstance(plugin, type):
+        raise ConfigError(
+            f"{plugin.__name__} is a class, not {what}: pass an instance, e.g. "
+            f"{plugin.__name__}() with its arguments."
+        )
     members = protocol_members(protocol)
     missing = [
         name

@@ -14,7 +14,8 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ember.errors import TrainingError
+from ember.data.device import describe
+from ember.errors import EmberError, TrainingError
 from ember.train.logger.base import MetricLogger, MetricRecord
 from ember.train.metric.adapt import adapt
 from ember.train.metric.base import MetricMetadata, RegisteredMetric
@@ -80,10 +81,29 @@ class MetricsProcessor:
                         split,
                     )
 
-    def check(self, split: str, item: Any) -> None:
-        """Raise a clear error if a metric of `split` cannot read `item`."""
+    def check(self, split: str, item: Any, epoch: int = 1) -> None:
+        """The first batch of a split: every metric of `split` reads `item` and updates
+        once (then forgets it), so a metric that cannot work fails now, before the first
+        optimizer step, with a message naming the metric, the split and what it got."""
+        meta = MetricMetadata(split, epoch, self.num_epochs, 1, None, None)
         for state in self.states.get(split, ()):
-            adapt(item, state.input_type, state.name)
+            adapted = adapt(item, state.input_type, state.name)
+            try:
+                with torch.no_grad():
+                    value = state.metric.update(adapted, meta)
+            except EmberError:
+                raise  # already says what is wrong and how to fix it
+            except Exception as error:
+                raise TrainingError(
+                    f"The {split} metric {state.name!r} fails on the first {split} batch: "
+                    f"{type(error).__name__}: {error}. It received {describe(adapted)}; it "
+                    f"reads a {state.input_type.__name__}. Check the shapes the step returns "
+                    "(e.g. class indices, not one-hot targets, for accuracy)."
+                ) from error
+            state.metric.clear()
+            for number in (value.value, value.weight):
+                if isinstance(number, Tensor) and number.numel() != 1:
+                    _item(number, state.name)  # raises the message naming the metric
 
     def update(self, item: Any, iteration: int, batch_size: int, lr: float | None) -> None:
         """One step's output: update every metric of the current split (no host sync)."""

@@ -25,10 +25,12 @@ def signal_handlers(interrupter: Interrupter) -> Iterator[None]:
     def on_sigint(signum: int, frame: Any) -> None:
         if interrupter.should_stop():
             raise KeyboardInterrupt
-        interrupter.stop(_SIGINT_MESSAGE_NOTEBOOK if in_notebook() else _SIGINT_MESSAGE)
+        interrupter.stop(
+            _SIGINT_MESSAGE_NOTEBOOK if in_notebook() else _SIGINT_MESSAGE, signal=signum
+        )
 
     def on_sigterm(signum: int, frame: Any) -> None:
-        interrupter.stop("terminated by SIGTERM")
+        interrupter.stop("terminated by SIGTERM", signal=signum)
 
     previous = {
         signal.SIGINT: signal.signal(signal.SIGINT, on_sigint),

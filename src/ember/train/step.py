@@ -56,16 +56,15 @@ class ValidStep(Protocol[BatchT, ValidT]):
     def valid_step(self, batch: BatchT) -> ValidT: ...
 
 
-def check_steps(model: Any) -> None:
-    """Fail early, naming the fix, when a model lacks the step methods."""
-    missing = [
-        name for name in ("train_step", "valid_step") if not callable(getattr(model, name, None))
-    ]
+def check_steps(model: Any, names: tuple[str, ...] = ("train_step",)) -> None:
+    """Fail early, naming the fix, when a model lacks a step method it needs
+    (`valid_step` is needed only when there is validation data)."""
+    missing = [name for name in names if not callable(getattr(model, name, None))]
     if missing:
         raise TrainingError(
             f"{type(model).__name__} has no {' or '.join(missing)} method. A model trained by "
-            "the Learner defines `train_step(self, batch) -> TrainOutput` and "
-            "`valid_step(self, batch) -> output` (e.g. a ClassificationOutput)."
+            "the Learner defines `train_step(self, batch) -> TrainOutput` and, to be "
+            "validated, `valid_step(self, batch) -> output` (e.g. a ClassificationOutput)."
         )
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ember.errors import EmberError
-from ember.train.artifacts import SPLITS, Artifacts, metric_stem, read_metric_log
+from ember.train.artifacts import SPLITS, Artifacts, format_value, metric_stem, read_metric_log
 from ember.train.history import RunHistory
 from ember.train.metric.base import weighted_mean
 
@@ -88,9 +88,9 @@ class LearnerSummary:
             (
                 m.split,
                 m.name,
-                f"{m.minimum:.6g}",
+                format_value(m.minimum),
                 str(m.min_epoch),
-                f"{m.maximum:.6g}",
+                format_value(m.maximum),
                 str(m.max_epoch),
             )
             for m in self.metrics

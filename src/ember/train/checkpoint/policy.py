@@ -5,13 +5,13 @@ stores, the strategy chooses what to keep, and this class joins them."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from ember.errors import TrainingError
 from ember.rng import capture_rng_state, restore_rng_state
-from ember.train.checkpoint.base import Checkpointer
+from ember.train.checkpoint.base import PARTS, Checkpointer
 from ember.train.checkpoint.strategy import CheckpointingStrategy, apply_retention
 from ember.train.history import RunHistory
 from ember.train.position import Position
@@ -22,9 +22,16 @@ log = logging.getLogger(__name__)
 class Resume:
     """What a resumed run starts from: its position and the stored loop state."""
 
-    def __init__(self, position: Position, state: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        position: Position,
+        state: dict[str, Any] | None = None,
+        notes: list[str] | None = None,
+    ) -> None:
         self.position = position
         self.state = state
+        self.notes = notes or []
+        """Warnings about the choice of checkpoint, logged once the run's log is open."""
 
     @property
     def log_lines(self) -> dict[str, int] | None:
@@ -53,17 +60,52 @@ class CheckpointPolicy:
 
     # Resuming -----------------------------------------------------------------------
     def resume_point(self) -> Resume:
-        """Where the run starts: after the chosen checkpoint, or epoch 1."""
-        if self.resume_from is None or self.checkpointer is None:
+        """Where the run starts: after the chosen checkpoint, or epoch 1. "latest" is the
+        newest checkpoint that loads: a damaged newer one is skipped, and said so."""
+        checkpointer = self.checkpointer
+        if self.resume_from is None or checkpointer is None:
             return Resume(Position(1, fresh=True))
-        epoch = self.checkpointer.latest() if self.resume_from == "latest" else self.resume_from
-        if epoch is None:
-            raise TrainingError(
-                "checkpoint('latest'): there is no complete checkpoint to resume from. "
-                "Start without checkpoint()."
-            )
-        state = self.checkpointer.load(int(epoch), "scheduler", None)
-        return Resume(Position.from_state(state["learner"]), state)
+        notes: list[str] = []
+        if self.resume_from == "latest":
+            epoch = None
+            for candidate in reversed(checkpointer.epochs()):
+                problem = self._damage(candidate)
+                if problem is None:
+                    epoch = candidate
+                    break
+                notes.append(
+                    f"The checkpoint of epoch {candidate} cannot be loaded ({problem}); "
+                    "checkpoint('latest') falls back to the one before it."
+                )
+            if epoch is None:
+                raise TrainingError(
+                    "checkpoint('latest'): no checkpoint loads. "
+                    + " ".join(notes or ["There is no complete checkpoint."])
+                    + " Start without checkpoint()."
+                )
+            if notes:
+                notes.append(f"Resuming from the checkpoint of epoch {epoch}.")
+        else:
+            epoch = int(self.resume_from)
+            problem = self._damage(epoch)
+            if problem is not None:
+                loadable = [e for e in checkpointer.epochs() if self._damage(e) is None]
+                raise TrainingError(
+                    f"checkpoint({epoch}): the checkpoint cannot be loaded ({problem}). Epochs "
+                    f"that load: {', '.join(map(str, loadable)) or 'none'}."
+                )
+        state = checkpointer.load(epoch, "scheduler", None)
+        return Resume(Position.from_state(state["learner"]), state, notes)
+
+    def _damage(self, epoch: int) -> str | None:
+        """What is wrong with the checkpoint of `epoch` (every part is read), or None."""
+        assert self.checkpointer is not None
+        for part in PARTS:
+            try:
+                self.checkpointer.load(epoch, part, None)
+            except Exception as error:
+                return f"{type(error).__name__}: {error}"
+        return None
 
     def restore(self, resume: Resume, model: torch.nn.Module, optim: Any, dist: Any) -> None:
         """Put the model, optimizer, schedules and random generators back as saved."""
@@ -174,13 +216,28 @@ class CheckpointPolicy:
         ) from error
 
     # The best epoch -----------------------------------------------------------------
-    def check_restore_best(self) -> None:
-        """Before training: `fit(restore_best=True)` needs checkpoints to restore from."""
+    def check_restore_best(self, metrics: Mapping[str, Sequence[Any]] | None = None) -> None:
+        """Before training: `fit(restore_best=True)` needs a checkpointer and a strategy
+        that names a best epoch among this run's metrics (`metrics`: the registered
+        metrics per split, each with a `name`)."""
         if self.checkpointer is None or self.strategy is None:
             raise TrainingError(
                 "restore_best=True restores a saved epoch, but no checkpointer is set: add "
                 "with_file_checkpointer(recorder) (its default strategy keeps the best epoch "
                 "by validation loss) or a checkpointing strategy that keeps a best epoch."
+            )
+        if metrics is None:
+            return
+        probe = [(1, {split: {e.name: 0.0 for e in entries} for split, entries in metrics.items()})]
+        if self.strategy.best_epoch(probe) is None:
+            registered = ", ".join(
+                f"{split} {entry.name}" for split, entries in metrics.items() for entry in entries
+            )
+            raise TrainingError(
+                f"restore_best=True: the checkpointing strategy ({self.strategy}) names no best "
+                f"epoch among this run's metrics ({registered or 'none'}). Keep one with "
+                "with_checkpointing_strategy(MetricCheckpointingStrategy(metric)) on a "
+                "registered metric (the default does so for a validation Loss)."
             )
 
     def restore_best(self, model: torch.nn.Module, dist: Any) -> None:
