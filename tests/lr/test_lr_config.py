@@ -222,3 +222,76 @@ def test_a_nesting_config_imported_from_its_own_module_is_complete(module, name,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == name.replace("Config", "")
+
+
+def test_nested_schedulers_from_the_command_line():
+    run = RunConfig(lr=ConstantLrConfig(lr=0.1))
+    warm = run.with_args(
+        ["--lr.type", "warmup", "--lr.warmup-steps", "2", "--lr.scheduler.type", "step"]
+        + ["--lr.scheduler.initial-lr", "0.1", "--lr.scheduler.step-size", "3"]
+    )
+    assert warm.lr == WarmupLrSchedulerConfig(
+        scheduler=StepLrSchedulerConfig(initial_lr=0.1, step_size=3), warmup_steps=2
+    )
+    # A field of the inner scheduler, which keeps its other values.
+    assert warm.with_args(["--lr.scheduler.gamma", "0.5"]).lr.scheduler == StepLrSchedulerConfig(
+        initial_lr=0.1, step_size=3, gamma=0.5
+    )
+    sequential = run.with_args(
+        ["--lr.type", "sequential", "--lr.milestones", "5"]
+        + [
+            "--lr.schedulers",
+            '{"lr": 0.1}',
+            '{"type": "exponential", "initial_lr": 0.1, "gamma": 0.9}',
+        ]
+    )
+    assert sequential.lr == SequentialLrSchedulerConfig(
+        schedulers=[
+            ConstantLrConfig(lr=0.1),
+            ExponentialLrSchedulerConfig(initial_lr=0.1, gamma=0.9),
+        ],
+        milestones=[5],
+    )
+
+
+def test_nested_scheduler_errors_name_the_options():
+    run = RunConfig(lr=ConstantLrConfig(lr=0.1))
+    with pytest.raises(ConfigError) as info:
+        run.with_args(["--lr.type", "warmup", "--lr.warmup-steps", "2"])
+    assert (
+        "missing required field 'lr.scheduler' (give --lr.scheduler.type (one of constant, noam"
+        in str(info.value)
+    )
+    with pytest.raises(ConfigError, match=r"unknown type 'cosin' for field 'lr.scheduler'"):
+        run.with_args(["--lr.type", "warmup", "--lr.scheduler.type", "cosin"])
+    with pytest.raises(ConfigError, match=r"'lr.schedulers.0.cosine.num_iters'.*--lr.schedulers"):
+        run.with_args(
+            ["--lr.type", "composed", "--lr.schedulers"]
+            + ['{"type": "cosine", "initial_lr": 0.1, "num_iters": 0}']
+        )
+
+
+def test_help_lists_the_fields_of_the_scheduler_held_and_of_the_others(capsys):
+    run = RunConfig(
+        lr=WarmupLrSchedulerConfig(
+            scheduler=CosineAnnealingLrSchedulerConfig(initial_lr=0.1, num_iters=10),
+            warmup_steps=3,
+        )
+    )
+    with pytest.raises(SystemExit) as info:
+        run.with_args(["--help"])
+    assert info.value.code == 0
+    lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    for expected in [
+        "--lr.warmup-steps INT Steps run below the full rate. (default: 3)",
+        "(default: warmup)",
+        "(default: cosine)",
+        "--lr.scheduler.num-iters INT Steps from initial_lr to min_lr; a cycle is num_iters + 1 "
+        "steps. (default: 10)",
+        "with --lr.scheduler.type noam (NoamLrSchedulerConfig):",
+        "--lr.scheduler.init-lr FLOAT Scale of the whole schedule. (required)",
+        "with --lr.type noam (NoamLrSchedulerConfig):",
+        "--lr.init-lr FLOAT Scale of the whole schedule. (required)",
+        "--num-epochs INT (default: 3)",
+    ]:
+        assert expected in lines, expected
