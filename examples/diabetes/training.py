@@ -282,7 +282,11 @@ def train(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=TrainingConfig().args_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--artifact-dir", default="artifacts/diabetes")
     parser.add_argument("--device", default="cpu")
     known, overrides = parser.parse_known_args(argv)
