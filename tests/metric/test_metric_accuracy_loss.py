@@ -101,7 +101,7 @@ def test_top_k_accuracy(drive, k):
     first = 100.0 * top_k_accuracy_score(
         targets[:32].numpy(), logits[:32].numpy(), k=min(k, CLASSES), labels=np.arange(CLASSES)
     )
-    assert float(values[0].value) == pytest.approx(first, rel=1e-5)
+    assert values[0].resolve()[0] == pytest.approx(first, rel=1e-5)
 
 
 @pytest.mark.parametrize("pad", [0, -100])
@@ -125,3 +125,47 @@ def test_loss_is_exact_sample_mean(drive):
     expected = log_loss(targets.numpy(), logits.double().softmax(-1).numpy(), labels=range(CLASSES))
     assert value == pytest.approx(expected, rel=1e-5)
     assert [int(v.weight) for v in values] == SIZES
+
+
+def _eleven(pad: int | None = None) -> ClassificationInput:
+    """11 samples, 4 classes: the target is the top class for 7, second for 3, last for 1."""
+    targets = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2])
+    order = torch.tensor([[0, 1, 2, 3]] * 11)  # class ranks per sample, best first
+    rank_of_target = torch.tensor([0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 3])
+    for i, rank in enumerate(rank_of_target.tolist()):
+        classes = [c for c in range(4) if c != int(targets[i])]
+        classes.insert(rank, int(targets[i]))
+        order[i] = torch.tensor(classes)
+    logits = torch.empty(11, 4)
+    logits.scatter_(1, order, torch.tensor([[3.0, 2.0, 1.0, 0.0]] * 11))
+    if pad is not None:
+        targets = targets.clone()
+        targets[[0, 8]] = pad  # one top-1 hit and one top-2 hit left out
+    return ClassificationInput(logits, targets, pad_token=pad)
+
+
+def test_top_1_accuracy_is_the_same_float_as_accuracy(drive):
+    for item in (_eleven(), _eleven(pad=-1)):
+        top1 = TopKAccuracyMetric(1).update(item, None).resolve()
+        accuracy = AccuracyMetric().update(item, None).resolve()
+        assert top1 == accuracy
+    assert TopKAccuracyMetric(1).update(_eleven(), None).resolve() == (7 * (100.0 / 11), 11.0)
+    # And the epoch values, through the loop's weighted mean.
+    _, _, outputs = _classification(10)
+    assert drive(TopKAccuracyMetric(1), outputs)[0] == drive(AccuracyMetric(), outputs)[0]
+
+
+@pytest.mark.parametrize(("k", "correct"), [(2, 10), (3, 10), (4, 11)])
+def test_top_k_accuracy_is_exact_in_float64(k, correct):
+    value, weight = TopKAccuracyMetric(k).update(_eleven(), None).resolve()
+    assert weight == 11.0
+    assert value == pytest.approx(100.0 * correct / 11, rel=1e-15)
+    # Padding leaves out one top-1 hit and one top-2 hit.
+    value, weight = TopKAccuracyMetric(k).update(_eleven(pad=-1), None).resolve()
+    assert (value, weight) == (100.0 * (correct - 2) / 9, 9.0)
+
+
+def test_top_k_accuracy_is_not_rounded_to_float32():
+    value, _ = TopKAccuracyMetric(2).update(_eleven(), None).resolve()
+    assert value == pytest.approx(1000 / 11, rel=1e-15)
+    assert value != float(torch.tensor(1000 / 11, dtype=torch.float32))  # 90.90909576416016

@@ -72,6 +72,8 @@ def _device_metrics() -> list[tuple[Any, str]]:
     return [
         (AccuracyMetric(), "multiclass"),
         (AccuracyMetric(), "sequence"),
+        (AccuracyMetric(), "binary"),
+        (AccuracyMetric(from_logits=True), "binary"),
         (LossMetric(), "multiclass"),
         (TopKAccuracyMetric(2), "multiclass"),
         (TopKAccuracyMetric(2), "sequence"),
@@ -81,10 +83,15 @@ def _device_metrics() -> list[tuple[Any, str]]:
         (FBetaScoreMetric.multiclass(2.0, top_k=2), "multiclass"),
         (FBetaScoreMetric.multilabel(0.5, reduction="micro"), "multilabel"),
         (PrecisionMetric.multilabel(), "multilabel"),
+        (RecallMetric.multilabel(from_logits=True), "multilabel"),
+        (FBetaScoreMetric.binary(from_logits=True), "binary"),
         (AurocMetric(), "binary"),
         (AurocMetric(), "multiclass"),
         (AurocMetric(), "multilabel"),
+        (AurocMetric(from_logits=True), "binary"),
+        (AurocMetric(from_logits=True), "multiclass"),
         (HammingScoreMetric(), "multilabel"),
+        (HammingScoreMetric(from_logits=True), "multilabel"),
         (PerplexityMetric(), "sequence"),
     ]
 
@@ -129,25 +136,48 @@ def test_all_metrics_follow_the_protocol():
         assert metric.higher_is_better in (True, False, None)
 
 
+_HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__")
+
+
 def _forbid_host_sync(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every tensor-to-host conversion raise, as a CPU stand-in for a device sync."""
 
     def refuse(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         raise AssertionError("update moved a tensor value to the host")
 
-    conversions = ("item", "tolist", "numpy", "cpu")
-    for attribute in conversions + ("__bool__", "__float__", "__int__", "__index__"):
+    for attribute in _HOST_READS:
         monkeypatch.setattr(torch.Tensor, attribute, refuse)
+
+
+def _count_host_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every tensor-to-host conversion (they still happen); returns the record."""
+    reads: list[str] = []
+    for attribute in _HOST_READS:
+        original = getattr(torch.Tensor, attribute)
+
+        def counted(self: Any, *args: Any, _name: str = attribute, _f: Any = original) -> Any:
+            reads.append(_name)
+            return _f(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, attribute, counted)
+    return reads
 
 
 @pytest.mark.parametrize("metric, kind", _device_metrics(), ids=_ids(_device_metrics()))
 def test_update_keeps_values_on_device(monkeypatch, metric, kind):
+    """The first update of an epoch may read one boolean (the range check of
+    probabilities); the others never move anything to the host."""
     output = _outputs()[kind]
     item = adapt(output, metric.input_type, metric.name)
     metric.clear()
     with monkeypatch.context() as patch:
+        reads = _count_host_reads(patch)
+        values = [metric.update(item, META)]
+    checks_range = kind in ("binary", "multilabel") and not getattr(metric, "from_logits", True)
+    assert reads == (["__bool__"] if checks_range else [])
+    with monkeypatch.context() as patch:
         _forbid_host_sync(patch)
-        values = [metric.update(item, META) for _ in range(3)]
+        values += [metric.update(item, META) for _ in range(2)]
         epoch = metric.epoch_value() if hasattr(metric, "epoch_value") else None
     for value in values:
         assert isinstance(value.value, torch.Tensor) and value.value.dim() == 0

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ember.errors import TrainingError
-from ember.train.metric._common import wide_float
+from ember.train.metric._common import Probabilities, wide_float
 from ember.train.metric.base import MetricMetadata, MetricValue, Number
 from ember.train.metric.inputs import ScoresInput
 
@@ -55,12 +55,20 @@ class AurocMetric:
 
     The mode follows the output: binary for scores [N] / [N, 1] (or two-class
     logits [N, 2], ranked by their difference), one-vs-rest macro for scores
-    [N, C >= 3] (softmax is applied unless the batch is already in [0, 1], as in
-    torchmetrics), and label-wise macro for multi-label outputs. The iteration value
+    [N, C >= 3], and label-wise macro for multi-label outputs. The iteration value
     is the AUROC of the batch alone (NaN if it lacks a class); the epoch value is
     computed once, at epoch end, from every score of the epoch kept on the device.
     Classes (or labels) without both positive and negative samples are left out of
     the macro mean.
+
+    Binary [N] / [N, 1] and multi-label scores are probabilities unless
+    `from_logits=True`; without it, scores outside [0, 1] on the first batch of an
+    epoch raise a `TrainingError`, as for the thresholded metrics. A sigmoid does not
+    change the ranking, so logits are ranked as they are (which also keeps large
+    logits apart, where float32 sigmoids would round to a tie at 1). Scores [N, C >= 3]
+    go through a softmax with `from_logits=True`; without it, a batch already in
+    [0, 1] is read as probabilities and any other batch goes through a softmax (as in
+    torchmetrics).
     """
 
     name = "AUROC"
@@ -68,7 +76,9 @@ class AurocMetric:
     higher_is_better = True
     input_type = ScoresInput
 
-    def __init__(self) -> None:
+    def __init__(self, *, from_logits: bool = False) -> None:
+        self.from_logits = from_logits
+        self._probabilities = Probabilities(from_logits, "AurocMetric()")
         self._scores: list[torch.Tensor] = []
         self._positive: list[torch.Tensor] = []
         self._valid: list[torch.Tensor | None] = []
@@ -99,6 +109,7 @@ class AurocMetric:
 
     def clear(self) -> None:
         self._scores, self._positive, self._valid = [], [], []
+        self._probabilities.reset()
 
     def epoch_state(self) -> tuple[list[Any], list[Any], list[Any]]:
         """This process's scores (exchanged when training on several processes)."""
@@ -127,10 +138,12 @@ class AurocMetric:
                     f"{self.name} (multilabel) needs scores and targets of the same shape "
                     f"[N, C]; got {tuple(output.shape)} and {tuple(targets.shape)}."
                 )
+            self._check_range(output, None)
             # A copy: the stored scores must outlive a reused output buffer.
             return output.to(torch.float32, copy=True), targets > 0.5, None
         valid = None if input.pad_token is None else targets != input.pad_token
         if output.dim() == 1 or (output.dim() == 2 and output.shape[-1] == 1):
+            self._check_range(output.reshape(-1), valid)
             scores = output.reshape(-1, 1).to(torch.float32, copy=True)
             positive = (targets > 0.5).reshape(-1, 1)
         elif output.dim() == 2 and output.shape[-1] == 2:
@@ -139,8 +152,11 @@ class AurocMetric:
             positive = (targets > 0.5).unsqueeze(-1)
         elif output.dim() == 2:
             output = output.float()
-            is_probability = ((output >= 0) & (output <= 1)).all()
-            scores = torch.where(is_probability, output, output.softmax(dim=-1))
+            if self.from_logits:
+                scores = output.softmax(dim=-1)
+            else:
+                is_probability = ((output >= 0) & (output <= 1)).all()
+                scores = torch.where(is_probability, output, output.softmax(dim=-1))
             classes = torch.arange(output.shape[-1], device=targets.device)
             positive = targets.unsqueeze(-1) == classes
         else:
@@ -150,6 +166,12 @@ class AurocMetric:
         if valid is not None:
             positive = positive & valid.unsqueeze(-1)
         return scores, positive, valid
+
+    def _check_range(self, scores: torch.Tensor, valid: torch.Tensor | None) -> None:
+        """Probabilities must lie in [0, 1] (checked on an epoch's first batch); logits
+        are ranked as they are, since a sigmoid keeps their order."""
+        if not self.from_logits:
+            self._probabilities(scores, self.name, valid)
 
 
 def _moved(tensors: list[Any], device: Any) -> list[Any]:

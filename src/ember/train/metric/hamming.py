@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ember.errors import TrainingError
+from ember.train.metric._common import Probabilities
 from ember.train.metric.base import MetricMetadata, MetricValue
 from ember.train.metric.inputs import MultiLabelInput
 
@@ -10,8 +11,11 @@ from ember.train.metric.inputs import MultiLabelInput
 class HammingScoreMetric:
     """Share of (sample, label) pairs predicted right, in percent: 100 * (1 - Hamming loss).
 
-    A label is predicted positive when its score exceeds `threshold`; targets are
-    positive above 0.5. Every sample has the same number of labels, so the
+    A label is predicted positive when its probability exceeds `threshold`; targets
+    are positive above 0.5. Scores are probabilities unless `from_logits=True`, which
+    applies a sigmoid first (the outputs of a model trained with `BCEWithLogitsLoss`);
+    without it, scores outside [0, 1] on the first batch of an epoch raise a
+    `TrainingError`. Every sample has the same number of labels, so the
     batch-size-weighted mean of batch values is the exact epoch value.
     """
 
@@ -20,8 +24,10 @@ class HammingScoreMetric:
     higher_is_better = True
     input_type = MultiLabelInput
 
-    def __init__(self, threshold: float = 0.5) -> None:
+    def __init__(self, threshold: float = 0.5, *, from_logits: bool = False) -> None:
         self.threshold = float(threshold)
+        self.from_logits = from_logits
+        self._probabilities = Probabilities(from_logits, "HammingScoreMetric()")
 
     def update(self, input: MultiLabelInput, meta: MetricMetadata) -> MetricValue:
         output, targets = input.output, input.targets
@@ -30,8 +36,11 @@ class HammingScoreMetric:
                 f"{self.name} needs scores and targets of the same shape; got "
                 f"{tuple(output.shape)} and {tuple(targets.shape)}."
             )
-        correct = (output > self.threshold) == (targets > 0.5)
-        return MetricValue(correct.float().mean() * 100.0, int(targets.shape[0]))
+        predicted = self._probabilities(output, self.name) > self.threshold
+        correct = predicted == (targets > 0.5)
+        # An exact count on the device; the percentage is taken on the host in float64.
+        scale = 100.0 / max(int(correct.numel()), 1)
+        return MetricValue(correct.sum(), int(targets.shape[0]), scale=scale)
 
     def clear(self) -> None:
-        pass
+        self._probabilities.reset()

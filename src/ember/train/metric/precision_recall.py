@@ -10,8 +10,16 @@ Conventions follow scikit-learn with `zero_division=0`: a ratio with a zero
 denominator is 0. "macro" is the mean of per-class scores and "micro" the score of
 the summed counts. In multiclass mode the macro mean runs over the classes seen in
 the targets or the predictions (scikit-learn's label set); in multilabel mode over
-every label column. Scores are fractions in [0, 1]. Targets equal to the input's pad
+every label column. The results are fractions in [0, 1]. Targets equal to the input's pad
 token (sequence outputs) are left out.
+
+Binary scores [N] / [N, 1] and multi-label scores are probabilities unless the metric
+is built with `from_logits=True`, which applies a sigmoid first (the outputs of a
+model trained with `BCEWithLogitsLoss`). Without it, scores outside [0, 1] on the
+first batch of an epoch raise a `TrainingError`: a threshold of 0.5 on logits would
+silently mean a probability of about 0.62. Two-class outputs [N, 2] are always
+logits (softmax), and multiclass predictions (the top classes) are the same for
+logits and probabilities.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import Literal, TypeVar
 import torch
 
 from ember.errors import ConfigError, TrainingError
-from ember.train.metric._common import wide_float
+from ember.train.metric._common import Probabilities, wide_float
 from ember.train.metric.base import MetricMetadata, MetricValue, Number
 from ember.train.metric.inputs import ClassificationInput, MultiLabelInput
 
@@ -50,6 +58,7 @@ class _ConfusionMetric:
         top_k: int = 1,
         reduction: Reduction = "macro",
         name: str | None = None,
+        from_logits: bool = False,
     ) -> None:
         cls = type(self).__name__
         if mode not in _MODES:
@@ -66,6 +75,8 @@ class _ConfusionMetric:
         self.reduction: Reduction = reduction
         self.input_type: type = MultiLabelInput if mode == "multilabel" else ClassificationInput
         self.name = name if name is not None else self._label
+        self.from_logits = from_logits
+        self._probabilities = Probabilities(from_logits, f"{cls}.{mode}()")
         self._total: torch.Tensor | None = None
 
     # -- the protocol -------------------------------------------------------------
@@ -89,6 +100,7 @@ class _ConfusionMetric:
 
     def clear(self) -> None:
         self._total = None
+        self._probabilities.reset()
 
     def epoch_state(self) -> torch.Tensor | None:
         """This process's summed counts (exchanged when training on several processes)."""
@@ -128,12 +140,12 @@ class _ConfusionMetric:
     # -- counting -----------------------------------------------------------------
     def _binary_counts(self, input: ClassificationInput) -> tuple[torch.Tensor, Number]:
         output, targets = input.output, input.targets
+        mask = None if input.pad_token is None else targets != input.pad_token
         if output.dim() == 2 and output.shape[-1] == 2:  # two-class logits
             predicted = output.softmax(dim=-1)[:, 1] > self.threshold
-        elif output.dim() == 2 and output.shape[-1] == 1:
-            predicted = output[:, 0] > self.threshold
-        elif output.dim() == 1:
-            predicted = output > self.threshold
+        elif output.dim() == 1 or (output.dim() == 2 and output.shape[-1] == 1):
+            scores = self._probabilities(output.reshape(-1), self.name, mask)
+            predicted = scores > self.threshold
         else:
             raise TrainingError(
                 f"{self.name} (binary) needs scores [N] or [N, 1] or logits [N, 2]; got "
@@ -142,8 +154,7 @@ class _ConfusionMetric:
             )
         actual = targets > 0.5
         weight: Number = int(targets.shape[0])
-        if input.pad_token is not None:
-            mask = targets != input.pad_token
+        if mask is not None:
             predicted, actual, weight = predicted & mask, actual & mask, mask.sum()
         counts = torch.stack((predicted & actual, predicted, actual)).sum(dim=-1, keepdim=True)
         return counts, weight
@@ -188,7 +199,7 @@ class _ConfusionMetric:
                 f"{self.name} (multilabel) needs scores and targets of the same shape "
                 f"[N, C]; got {tuple(output.shape)} and {tuple(targets.shape)}."
             )
-        predicted = output > self.threshold
+        predicted = self._probabilities(output, self.name) > self.threshold
         actual = targets > 0.5
         counts = torch.stack((predicted & actual, predicted, actual)).sum(dim=1)
         return counts, int(targets.shape[0])
@@ -198,9 +209,20 @@ class _PrecisionRecall(_ConfusionMetric):
     """The constructors precision and recall share."""
 
     @classmethod
-    def binary(cls: type[_T], threshold: float = 0.5, *, name: str | None = None) -> _T:
-        """Binary: scores [N] or [N, 1] above `threshold`, or logits [N, 2], against 0/1 targets."""
-        return cls("binary", threshold=threshold, name=name)
+    def binary(
+        cls: type[_T],
+        threshold: float = 0.5,
+        *,
+        name: str | None = None,
+        from_logits: bool = False,
+    ) -> _T:
+        """Binary: scores [N] or [N, 1] above `threshold`, or logits [N, 2], against 0/1 targets.
+
+        Scores [N] / [N, 1] are probabilities unless `from_logits=True`, which applies
+        a sigmoid before the threshold; probabilities outside [0, 1] raise a
+        `TrainingError`.
+        """
+        return cls("binary", threshold=threshold, name=name, from_logits=from_logits)
 
     @classmethod
     def multiclass(
@@ -216,13 +238,28 @@ class _PrecisionRecall(_ConfusionMetric):
         reduction: Reduction = "macro",
         *,
         name: str | None = None,
+        from_logits: bool = False,
     ) -> _T:
-        """Multi-label: scores [N, C] above `threshold` against 0/1 targets [N, C]."""
-        return cls("multilabel", threshold=threshold, reduction=reduction, name=name)
+        """Multi-label: scores [N, C] above `threshold` against 0/1 targets [N, C].
+
+        Scores are probabilities unless `from_logits=True`, which applies a sigmoid
+        before the threshold; probabilities outside [0, 1] raise a `TrainingError`.
+        """
+        return cls(
+            "multilabel",
+            threshold=threshold,
+            reduction=reduction,
+            name=name,
+            from_logits=from_logits,
+        )
 
 
 class PrecisionMetric(_PrecisionRecall):
-    """Precision tp / (tp + fp): the share of predicted positives that are right."""
+    """Precision tp / (tp + fp): the share of predicted positives that are right.
+
+    Binary and multi-label scores are probabilities unless `from_logits=True` (a
+    sigmoid is applied first).
+    """
 
     _label = "Precision"
 
@@ -233,7 +270,11 @@ class PrecisionMetric(_PrecisionRecall):
 
 
 class RecallMetric(_PrecisionRecall):
-    """Recall tp / (tp + fn): the share of actual positives that are found."""
+    """Recall tp / (tp + fn): the share of actual positives that are found.
+
+    Binary and multi-label scores are probabilities unless `from_logits=True` (a
+    sigmoid is applied first).
+    """
 
     _label = "Recall"
 
@@ -246,7 +287,8 @@ class RecallMetric(_PrecisionRecall):
 class FBetaScoreMetric(_ConfusionMetric):
     """F-beta score (1 + b²) tp / ((1 + b²) tp + b² fn + fp); beta = 1 gives F1.
 
-    Named f"F{beta:g} Score" ("F1 Score", "F0.5 Score").
+    Named f"F{beta:g} Score" ("F1 Score", "F0.5 Score"). Binary and multi-label scores
+    are probabilities unless `from_logits=True` (a sigmoid is applied first).
     """
 
     def __init__(
@@ -258,6 +300,7 @@ class FBetaScoreMetric(_ConfusionMetric):
         top_k: int = 1,
         reduction: Reduction = "macro",
         name: str | None = None,
+        from_logits: bool = False,
     ) -> None:
         if (
             isinstance(beta, bool)
@@ -268,14 +311,31 @@ class FBetaScoreMetric(_ConfusionMetric):
             raise ConfigError(f"FBetaScoreMetric: beta must be a positive number, got {beta!r}.")
         self.beta = float(beta)
         self._label = f"F{self.beta:g} Score"
-        super().__init__(mode, threshold=threshold, top_k=top_k, reduction=reduction, name=name)
+        super().__init__(
+            mode,
+            threshold=threshold,
+            top_k=top_k,
+            reduction=reduction,
+            name=name,
+            from_logits=from_logits,
+        )
 
     @classmethod
     def binary(
-        cls, beta: float = 1.0, threshold: float = 0.5, *, name: str | None = None
+        cls,
+        beta: float = 1.0,
+        threshold: float = 0.5,
+        *,
+        name: str | None = None,
+        from_logits: bool = False,
     ) -> FBetaScoreMetric:
-        """Binary: scores [N] or [N, 1] above `threshold`, or logits [N, 2], against 0/1 targets."""
-        return cls(beta, "binary", threshold=threshold, name=name)
+        """Binary: scores [N] or [N, 1] above `threshold`, or logits [N, 2], against 0/1 targets.
+
+        Scores [N] / [N, 1] are probabilities unless `from_logits=True`, which applies
+        a sigmoid before the threshold; probabilities outside [0, 1] raise a
+        `TrainingError`.
+        """
+        return cls(beta, "binary", threshold=threshold, name=name, from_logits=from_logits)
 
     @classmethod
     def multiclass(
@@ -297,9 +357,21 @@ class FBetaScoreMetric(_ConfusionMetric):
         reduction: Reduction = "macro",
         *,
         name: str | None = None,
+        from_logits: bool = False,
     ) -> FBetaScoreMetric:
-        """Multi-label: scores [N, C] above `threshold` against 0/1 targets [N, C]."""
-        return cls(beta, "multilabel", threshold=threshold, reduction=reduction, name=name)
+        """Multi-label: scores [N, C] above `threshold` against 0/1 targets [N, C].
+
+        Scores are probabilities unless `from_logits=True`, which applies a sigmoid
+        before the threshold; probabilities outside [0, 1] raise a `TrainingError`.
+        """
+        return cls(
+            beta,
+            "multilabel",
+            threshold=threshold,
+            reduction=reduction,
+            name=name,
+            from_logits=from_logits,
+        )
 
     def _ratio(
         self, tp: torch.Tensor, predicted: torch.Tensor, actual: torch.Tensor

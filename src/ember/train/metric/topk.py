@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ember.errors import ConfigError, TrainingError
-from ember.train.metric._common import resolve_pad
+from ember.train.metric._common import percent_correct, resolve_pad
 from ember.train.metric.base import MetricMetadata, MetricValue
 from ember.train.metric.inputs import ClassificationInput
 
@@ -11,8 +11,9 @@ from ember.train.metric.inputs import ClassificationInput
 class TopKAccuracyMetric:
     """Share of samples whose target is among the `k` highest-scoring classes, in percent.
 
-    Targets equal to `pad_token` (or the output's own pad token) are left out. With
-    `k` at least the number of classes every sample counts as correct.
+    Counted exactly as `AccuracyMetric` counts (the same figure for `k=1`). Targets
+    equal to `pad_token` (or the output's own pad token) are left out. With `k` at
+    least the number of classes every sample counts as correct.
     """
 
     unit = "%"
@@ -36,12 +37,7 @@ class TopKAccuracyMetric:
         top = output.topk(k, dim=-1).indices
         correct = (top == targets.unsqueeze(-1)).any(dim=-1)
         pad = resolve_pad(self.pad_token, input.pad_token)
-        if pad is None:
-            return MetricValue(correct.float().mean() * 100.0, int(targets.numel()))
-        mask = targets != pad
-        count = mask.sum()
-        value = (correct & mask).sum().float() * 100.0 / count.clamp(min=1).float()
-        return MetricValue(value, count)
+        return percent_correct(correct, None if pad is None else targets != pad)
 
     def clear(self) -> None:
         pass
