@@ -126,7 +126,9 @@ class MetricsProcessor:
                         number = _item(number, state.name)
                     if type(weight) is Tensor and weight.is_cpu:
                         weight = _item(weight, state.name)
-                    state.pending.append((iteration, number, weight, value.scale))
+                    divisor = value.divisor
+                    factor = value.scale if divisor == 1.0 else (value.scale, divisor)
+                    state.pending.append((iteration, number, weight, factor))
             finally:
                 torch._C._set_grad_enabled(grad)
         if time.monotonic() >= self._next_tick:
@@ -161,7 +163,7 @@ class MetricsProcessor:
                 continue
             rows: list[tuple[float, float]] = []
             name = state.name
-            for iteration, number, weight, scale in state.pending:
+            for iteration, number, weight, factor in state.pending:
                 if isinstance(number, str):
                     state.last = number
                     continue
@@ -170,7 +172,12 @@ class MetricsProcessor:
                         number = next(host)
                     if isinstance(weight, Tensor):
                         weight = next(host)
-                number = float(number) * scale if scale != 1.0 else float(number)
+                if type(factor) is tuple:  # value * scale / divisor: a correctly rounded ratio
+                    number = float(number) * factor[0] / factor[1]
+                elif factor != 1.0:
+                    number = float(number) * factor
+                else:
+                    number = float(number)
                 weight = float(weight)
                 rows.append((number, weight))
                 records.append(MetricRecord(name, iteration, number, weight))

@@ -22,13 +22,14 @@ def percent_correct(correct: torch.Tensor, mask: torch.Tensor | None = None) -> 
     """The share of True in `correct` in percent, counting only where `mask` is True.
 
     Without a mask the value is the exact count of correct predictions and the
-    percentage is taken on the host in float64 (`MetricValue.scale`). With one, the
+    percentage is taken on the host in float64 (`MetricValue.scale` and `divisor`,
+    correctly rounded: 10 of 11 is exactly 1000 / 11). With one, the
     number of samples counted lives on the device, so the division happens there, in
     float64 where the device has it.
     """
     if mask is None:
         n = int(correct.numel())
-        return MetricValue(correct.sum(), n, scale=100.0 / max(n, 1))
+        return MetricValue(correct.sum(), n, scale=100.0, divisor=max(n, 1))
     count = mask.sum()
     dtype = wide_float(count.device)
     hits = (correct & mask).sum().to(dtype)

@@ -33,18 +33,21 @@ class MetricValue(NamedTuple):
     """One iteration's value and its weight in the epoch mean (usually the batch size).
 
     `value` may be a tensor on the device, a number, or a string (text metrics). The
-    value reported is `value * scale`, the product taken on the host in float64: a
-    metric can return an exact count (e.g. correct predictions) and a host-side
-    factor, saving device work and keeping the figure exact. (A named tuple: one is
-    made per metric and iteration, so it must be cheap.)
+    value reported is `value * scale / divisor`, taken on the host in float64: a
+    metric can return an exact count (e.g. correct predictions) with a host-side
+    factor and divisor (100 and the batch size for a percentage), saving device work
+    and giving the correctly rounded figure. (A named tuple: one is made per metric
+    and iteration, so it must be cheap.)
     """
 
     value: Number | str
     weight: Number = 1
     scale: float = 1.0
+    divisor: float = 1.0
 
     def resolve(self) -> tuple[float | str, float]:
-        """`(value * scale, weight)` as host numbers (syncs; for hand-written loops and tests)."""
+        """`(value * scale / divisor, weight)` as host numbers (syncs; for hand-written
+        loops and tests)."""
         weight = (
             float(self.weight.item())
             if isinstance(self.weight, torch.Tensor)
@@ -57,6 +60,8 @@ class MetricValue(NamedTuple):
             if isinstance(self.value, torch.Tensor)
             else float(self.value)
         )
+        if self.divisor != 1.0:
+            return value * self.scale / self.divisor, weight
         return value * self.scale, weight
 
 

@@ -39,8 +39,8 @@ class HammingScoreMetric:
         predicted = self._probabilities(output, self.name) > self.threshold
         correct = predicted == (targets > 0.5)
         # An exact count on the device; the percentage is taken on the host in float64.
-        scale = 100.0 / max(int(correct.numel()), 1)
-        return MetricValue(correct.sum(), int(targets.shape[0]), scale=scale)
+        cells = max(int(correct.numel()), 1)
+        return MetricValue(correct.sum(), int(targets.shape[0]), scale=100.0, divisor=cells)
 
     def clear(self) -> None:
         self._probabilities.reset()

@@ -19,8 +19,9 @@ class MetricState:
         self.unit = metric_unit(metric)
         self.numeric = numeric
         self.input_type: type = metric.input_type
-        self.pending: list[tuple[int, Any, Any, float]] = []
-        """(iteration, value, weight, scale): host numbers, or tensors still on a device."""
+        self.pending: list[tuple[int, Any, Any, Any]] = []
+        """(iteration, value, weight, factor): host numbers, or tensors still on a device;
+        the factor is the scale, or (scale, divisor) when the value is divided."""
         self.rows: list[tuple[float, float]] = []
         self.last: float | str | None = None
         self._sum = 0.0
