@@ -11,14 +11,14 @@ import sys
 import pytest
 import torch
 from rich.console import Console
-from tui_script import Blobs, blobs
+from tui_script import MANY_METRICS, Blobs, blobs, many_metrics
 
 from ember.errors import ConfigError
 from ember.optim import AdamConfig
 from ember.train import LearnerBuilder
-from ember.train.metric import AccuracyMetric, LossMetric
+from ember.train.metric import AccuracyMetric, LossInput, LossMetric, MetricMetadata, MetricValue
 from ember.train.renderer import PlainRenderer, TuiRenderer, default_renderer
-from ember.train.renderer.charts import Series, bar_chart, line_chart
+from ember.train.renderer.charts import Series, bar_chart, line_chart, tick_labels
 from ember.train.renderer.history import History
 from ember.train.renderer.keys import parse_keys
 from ember.train.renderer.select import wants_dashboard
@@ -118,6 +118,7 @@ def test_empty_charts_say_why():
 def test_parse_keys_reads_arrows_and_letters():
     assert parse_keys(b"\x1b[A\x1b[B\x1b[C\x1b[Dq") == ["up", "down", "right", "left", "q"]
     assert parse_keys(b"\x1bOC\x1b[1;5D\x1b") == ["right", "left", "escape"]
+    assert parse_keys(b"\x1b[5~\x1b[6~\x1b[3~x") == ["pageup", "pagedown", "x"]
 
 
 # Choosing a renderer ---------------------------------------------------------------
@@ -298,3 +299,208 @@ def test_a_short_terminal_keeps_the_progress_and_the_stop_prompt():
             assert any(line.lstrip("│ ").startswith("total ━") for line in text), height
         assert any("╭─ metrics" in line for line in text) == (height >= 10), height
         assert any("full history" in line for line in text) == (height >= 16), height
+
+
+# Every metric on a standard terminal, no label twice -------------------------------
+def frame_text(renderer: TuiRenderer) -> list[str]:
+    """The renderer's last drawn frame, as lines of text."""
+    return ["".join(segment.text for segment in line) for line in renderer._frame.lines]
+
+
+def metric_values(screen: str, name: str) -> list[str] | None:
+    """The values on `name`'s row of the metrics table (None if the row is not shown)."""
+    row = re.search(rf"^│ [▸ ] {re.escape(name)}(?![\w-])(.*?)││", screen, re.MULTILINE)
+    if row is None:
+        return None
+    return re.findall(r"-?\d[\d.]*(?:e-?\d+)?|nan", row.group(1))
+
+
+def test_every_metric_and_both_epoch_columns_fit_80_by_24(tmp_path):
+    """Six metrics on an 80 x 24 terminal: every name whole, every value of both splits
+    (the valid epoch column included), nothing scrolled away."""
+    names = [name for name in MANY_METRICS if name != "Entropy"]
+    assert len(names) == 6 and "Learning Rate" in names
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=80, height=24, color_system=None)
+    renderer = TuiRenderer(console=console, keys=False)
+    builder = LearnerBuilder(tmp_path / "run").num_epochs(2).renderer(renderer)
+    for metric in many_metrics("train", names):
+        builder = builder.metric_train_numeric(metric)
+    for metric in many_metrics("valid", names):
+        builder = builder.metric_valid_numeric(metric)
+    builder.build(Blobs(sleep=0.0), AdamConfig().init(), 1e-2).fit(
+        blobs(10, seed=1), blobs(3, seed=2)
+    )
+    lines = frame_text(renderer)
+    screen = "\n".join(lines)
+    assert len(lines) == 23 and all(len(line) == 80 for line in lines)
+    assert re.search(r"╭─ metrics ─+ train ─+ valid ─+╮", screen), screen
+    assert re.search(r"│   metric +last +epoch +last +epoch │", screen), screen
+    for name in names:
+        values = metric_values(screen, name)
+        assert values is not None, f"{name} is not shown\n{screen}"
+        assert len(values) == 2 * len(MANY_METRICS[name]), f"{name}: {values}\n{screen}"
+    assert metric_values(screen, "Learning Rate") == ["0.0100", "0.0100"]
+    assert "more" not in screen and "hidden" not in screen
+    assert "Loss · full history" in screen  # the chart keeps its place
+
+
+def test_a_long_metrics_table_scrolls_and_says_so():
+    """More metrics than fit: the border says how many are below and which key shows
+    them; PgDn and PgUp page through; choosing a metric scrolls to it."""
+    from ember.train.renderer.base import MetricView, Progress, RunInfo
+
+    names = [f"Metric {index}" for index in range(1, 10)]
+    info = RunInfo(
+        "/run",
+        1,
+        3,
+        "Model",
+        10,
+        ("cpu",),
+        metrics=tuple((split, name, "", True) for split in ("train", "valid") for name in names),
+    )
+    views = [
+        MetricView(split, name, "", True, float(index), float(index) / 10)
+        for split in ("train", "valid")
+        for index, name in enumerate(names, 1)
+    ]
+    console = Console(file=io.StringIO(), force_terminal=True, width=80, height=24)
+    renderer = TuiRenderer(console=console, keys=False)
+    renderer.start(info)
+    try:
+        renderer.update(Progress("train", 1, 3, 1, 10, 16, 0.5), views, [])
+        renderer._draw()
+        screen = "\n".join(frame_text(renderer))
+        shown = [name for name in names if metric_values(screen, name) is not None]
+        assert shown == names[:6], screen
+        assert "▾ 3 more · PgDn ─╯" in screen
+        renderer.press("pagedown")
+        renderer._draw()
+        screen = "\n".join(frame_text(renderer))
+        assert [n for n in names if metric_values(screen, n) is not None] == names[3:], screen
+        assert metric_values(screen, "Metric 9") == ["9.0000", "0.9000", "9.0000", "0.9000"]
+        assert "▴ 3 above · PgUp ─╯" in screen
+        renderer.press("pageup")
+        renderer._draw()
+        screen = "\n".join(frame_text(renderer))
+        assert [n for n in names if metric_values(screen, n) is not None] == names[:6], screen
+        renderer.press("left")  # the last metric: the table follows the choice
+        renderer._draw()
+        screen = "\n".join(frame_text(renderer))
+        assert "│ ▸ Metric 9 " in screen and "▴ 3 above" in screen, screen
+        renderer.press("right")  # back to the first
+        renderer._draw()
+        screen = "\n".join(frame_text(renderer))
+        assert "│ ▸ Metric 1 " in screen and "▾ 3 more" in screen, screen
+    finally:
+        renderer.end("completed")
+
+
+def test_the_metrics_table_fits_any_width_and_says_what_it_leaves_out():
+    from ember.train.renderer.base import MetricView, Progress, RunInfo
+    from ember.train.renderer.panels import Snapshot, dashboard
+
+    metrics = [("Loss", ""), ("Learning Rate", ""), ("Iteration Speed", "item/s")]
+    metrics += [("A Rather Long Metric Name", "%")]
+    info = RunInfo("/run", 1, 3, "Model", 10, ("cpu",))
+    views = tuple(
+        MetricView(split, name, unit, True, -1.2345e-5 * 10**index, 12345.678)
+        for split in ("train", "valid")
+        for index, (name, unit) in enumerate(metrics)
+    )
+    progress = Progress("train", 2, 3, 5, 10, 320, 1.0)
+    snapshot = Snapshot(info, progress, views, (), "Loss", "history")
+    for width in range(40, 201, 8):
+        lines = ["".join(t for t, _ in line) for line in dashboard(snapshot, width, 30)]
+        assert [len(line) for line in lines] == [width] * 30, width
+        table = [line.split("││")[0] for line in lines if "││" in line]
+        columns = len(re.findall(r"last|epoch", table[0]))
+        for row in table[1:5]:
+            assert len(re.findall(r"-?\d[\d.]*(?:e-?\d+)?", row)) == columns, row
+        if columns < 4:
+            assert f"{4 - columns} column" in lines[8] or f"+{4 - columns} col" in lines[8]
+        if width >= 80:
+            assert columns == 4, (width, table)
+        if width >= 88:
+            assert all(name in "\n".join(table) for name, _ in metrics[:3]), table
+        if width < 60:
+            assert "…" in "\n".join(table)  # a name cut shows that it is
+    wide = "\n".join("".join(t for t, _ in line) for line in dashboard(snapshot, 200, 30))
+    assert "train last" in wide and "-1.234e-05" in wide and "12345.68 item/s" in wide
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        (0.51236, 0.51235, 0.51234),  # a loss on a plateau
+        (12.3518, 12.3486, 12.3454),  # memory in GB, drifting slowly
+        (100.004, 99.999, 99.994),  # an accuracy at 100 %: "100.0" and "100"
+        (1.04e-4, 1.0e-4, 0.96e-4),  # a loss late in training
+        (124000.0, 123400.0, 122800.0),  # a throughput in items/s
+        (1.26e-5, 1.24e-5, 1.22e-5),  # a learning rate near its floor
+        (-124000.0, -123400.0, -122800.0),
+        (1.72, 0.86, 0.0),
+    ],
+)
+def test_axis_labels_are_never_alike(values):
+    labels = tick_labels(values)
+    assert all(0 < len(label) <= 7 for label in labels), labels
+    assert len({float(label) for label in labels}) == len(labels), labels
+    for label, value in zip(labels, values):
+        assert math.isclose(float(label), value, rel_tol=0.01, abs_tol=1e-12), (label, value)
+
+
+def test_axis_labels_too_close_to_tell_apart_are_left_out():
+    assert tick_labels((12345.6701, 12345.67, 12345.6699)) == ["12345.7", "", ""]
+    assert tick_labels((-1.2345e-5, -1.2355e-5, -1.2365e-5)) == ["-1.2e-5", "", ""]
+
+
+class Throughput:
+    """Items per second that hardly change: about 123,400, drifting by 2 a step."""
+
+    name = "Throughput"
+    unit = "item/s"
+    input_type = LossInput
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def update(self, input, meta: MetricMetadata) -> MetricValue:
+        self.steps += 1
+        return MetricValue(123_400.0 + 2.0 * self.steps + (self.steps % 3), 1)
+
+    def clear(self) -> None:
+        pass
+
+
+def y_labels(lines: list[str]) -> list[str]:
+    """The y-axis labels of the chart in a frame."""
+    return [m.group(1) for line in lines for m in [re.match(r"│ +(\S+) ┤", line)] if m]
+
+
+def test_no_y_axis_label_is_drawn_twice_at_160_columns(tmp_path):
+    """Values that differ in their fifth digit: with four digits the chart's top, middle
+    and bottom labels all read "1.2e+05"; they get the digits that tell them apart."""
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=160, height=40, color_system=None)
+    renderer = TuiRenderer(console=console, keys=False)
+    (
+        LearnerBuilder(tmp_path / "run")
+        .metric_train_numeric(Throughput())
+        .metric_train_numeric(LossMetric())
+        .metric_valid_numeric(Throughput())
+        .num_epochs(3)
+        .renderer(renderer)
+        .build(Blobs(sleep=0.0), AdamConfig().init(), 1e-2)
+        .fit(blobs(30, seed=1), blobs(5, seed=2))
+    )
+    for view in ("full history", "last 300 iterations", "per epoch"):
+        lines = frame_text(renderer)
+        assert all(len(line) == 160 for line in lines)
+        assert any(f"Throughput (item/s) · {view}" in line for line in lines), lines
+        labels = y_labels(lines)
+        assert len(labels) == len(set(labels)) >= 2, (view, labels)
+        assert len({float(label) for label in labels}) == len(labels), (view, labels)
+        renderer.press("down")
+        renderer._draw()

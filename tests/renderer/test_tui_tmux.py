@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from tmux_session import TMUX, TmuxRun, wait_for
+from tui_script import MANY_METRICS
 
 
 def test_tmux_is_installed():
@@ -147,3 +148,54 @@ def test_keys_work_again_after_ctrl_z_and_fg(tmp_path):
         run.keys(f"stty -a > {stty}", "Enter")
         wait_for(lambda: stty.exists() and stty.read_text(), 10, "stty", run.screen)
         assert terminal_restored(stty.read_text())
+
+
+def metric_values(screen: str, name: str) -> list[str] | None:
+    """The values on `name`'s row of the metrics table (None if the row is not shown)."""
+    row = re.search(rf"^│ [▸ ] {re.escape(name)}(?![\w-])(.*?)││", screen, re.MULTILINE)
+    if row is None:
+        return None
+    return re.findall(r"-?\d[\d.]*(?:e-?\d+)?|nan", row.group(1))
+
+
+def test_every_metric_on_an_80_by_24_terminal(tmp_path):
+    """Seven metrics, "Learning Rate" among them, on the standard terminal size: the
+    table shows both splits' last and epoch values in full; the row that does not fit
+    is announced in the table's border, and PgDn (or choosing that metric) shows it."""
+    names = list(MANY_METRICS)
+    args = [str(tmp_path / "run"), "--renderer", "tui", "--epochs", "40", "--many-metrics"]
+    with TmuxRun(tmp_path, args, width=80, height=24) as run:
+        run.wait_screen("Loss · full history", timeout=START)
+        # After the first epoch every row has its values, the valid epoch ones included.
+        run.wait_match(r"epoch +([2-9]|\d\d)/40")
+        screen = run.screen()
+        lines = screen.splitlines()
+        assert len(lines) == 24 and max(len(line) for line in lines) <= 80, screen
+        assert re.search(r"╭─ metrics ─+ train ─+ valid ─+╮", screen), screen
+        assert re.search(r"│   metric +last +epoch +last +epoch │", screen), screen
+        shown = [name for name in names if metric_values(screen, name) is not None]
+        assert shown == names[:6], screen
+        for name in shown:
+            values = metric_values(screen, name)
+            assert len(values) == 2 * len(MANY_METRICS[name]), (name, values, screen)
+        assert metric_values(screen, "Learning Rate") == ["0.0100", "0.0100"], screen
+        assert "▾ 1 more · PgDn ─╯" in screen
+        assert "full history" in screen and "╭─ progress" in screen
+
+        run.keys("PageDown")
+        screen = run.wait_screen("▴ 1 above · PgUp")
+        shown = [name for name in names if metric_values(screen, name) is not None]
+        assert shown == names[1:], screen
+        assert len(metric_values(screen, "Iteration Speed")) == 2, screen
+        run.keys("PageUp")
+        screen = run.wait_screen("▾ 1 more · PgDn")
+        assert metric_values(screen, "Loss") is not None, screen
+
+        run.keys("Left")  # from the first metric to the last: the table follows
+        screen = run.wait_screen("Iteration Speed (item/s) · full history")
+        assert "│ ▸ Iteration Speed " in screen and "▴ 1 above" in screen, screen
+
+        run.keys("q")
+        run.wait_screen("stop the run?")
+        run.keys("s")
+        assert run.wait_exit() == 0

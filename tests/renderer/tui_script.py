@@ -1,10 +1,12 @@
 """A slow little training run for driving the renderers from outside (tmux, pipes, ptys).
 
     python tests/renderer/tui_script.py ARTIFACT_DIR [--renderer default|tui|plain]
-        [--epochs 6] [--sleep 0.02] [--persistent] [--checkpoint]
+        [--epochs 6] [--sleep 0.02] [--persistent] [--checkpoint] [--many-metrics]
 
 Prints `renderer <ClassName>` first, then trains a small MLP on Gaussian blobs. In the
 first epoch it also prints a line and logs a warning, as a user's own code would.
+`--many-metrics` registers the seven metrics of `MANY_METRICS` instead of the loss and
+the accuracy.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -23,11 +26,76 @@ from ember_testing import Batch, Classifier
 
 from ember.optim import AdamConfig
 from ember.train import ClassificationOutput, LearnerBuilder, TrainOutput
-from ember.train.metric import AccuracyMetric, LossMetric
+from ember.train.metric import (
+    AccuracyMetric,
+    ClassificationInput,
+    IterationSpeedMetric,
+    LearningRateMetric,
+    LossMetric,
+    MetricMetadata,
+    MetricValue,
+    TopKAccuracyMetric,
+)
 from ember.train.renderer import PlainRenderer, TuiRenderer, default_renderer
 
 USER_PRINT = "user print from train_step"
 USER_WARNING = "user warning from train_step"
+MANY_METRICS = {
+    "Loss": ("train", "valid"),
+    "Accuracy": ("train", "valid"),
+    "Learning Rate": ("train",),
+    "Top-2 Accuracy": ("train", "valid"),
+    "Confidence": ("train", "valid"),
+    "Entropy": ("train", "valid"),
+    "Iteration Speed": ("train",),
+}
+"""`--many-metrics`: each metric's name and splits, in the order the table shows them."""
+
+
+class ConfidenceMetric:
+    """The mean probability of the predicted class, in percent."""
+
+    name = "Confidence"
+    unit = "%"
+    input_type = ClassificationInput
+
+    def update(self, input: ClassificationInput, meta: MetricMetadata) -> MetricValue:
+        probabilities = input.output.detach().softmax(dim=-1)
+        return MetricValue(probabilities.max(dim=-1).values.mean() * 100, len(input.targets))
+
+    def clear(self) -> None:
+        pass
+
+
+class EntropyMetric:
+    """The mean entropy of the predicted distributions, in nats."""
+
+    name = "Entropy"
+    input_type = ClassificationInput
+
+    def update(self, input: ClassificationInput, meta: MetricMetadata) -> MetricValue:
+        logs = input.output.detach().log_softmax(dim=-1)
+        entropy = -(logs.exp() * logs).sum(dim=-1)
+        return MetricValue(entropy.mean(), len(input.targets))
+
+    def clear(self) -> None:
+        pass
+
+
+def many_metrics(split: str, names: Sequence[str] = tuple(MANY_METRICS)) -> list:
+    """The metrics of `MANY_METRICS` among `names` that `split` has, in their order."""
+    made = {
+        "Loss": LossMetric,
+        "Accuracy": AccuracyMetric,
+        "Learning Rate": LearningRateMetric,
+        "Top-2 Accuracy": lambda: TopKAccuracyMetric(2),
+        "Confidence": ConfidenceMetric,
+        "Entropy": EntropyMetric,
+        "Iteration Speed": IterationSpeedMetric,
+    }
+    return [
+        made[name]() for name, splits in MANY_METRICS.items() if split in splits and name in names
+    ]
 
 
 class Blobs(Classifier):
@@ -71,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sleep", type=float, default=0.02)
     parser.add_argument("--persistent", action="store_true")
     parser.add_argument("--checkpoint", action="store_true")
+    parser.add_argument("--many-metrics", action="store_true")
     args = parser.parse_args(argv)
 
     logging.basicConfig(
@@ -88,15 +157,20 @@ def main(argv: list[str] | None = None) -> int:
         renderer = renderer.persistent()
     print(f"renderer {type(renderer).__name__}", flush=True)
 
-    builder = (
-        LearnerBuilder(args.artifact_dir, overwrite=True)
-        .metric_train_numeric(LossMetric())
-        .metric_train_numeric(AccuracyMetric())
-        .metric_valid_numeric(LossMetric())
-        .metric_valid_numeric(AccuracyMetric())
-        .num_epochs(args.epochs)
-        .renderer(renderer)
-    )
+    builder = LearnerBuilder(args.artifact_dir, overwrite=True)
+    if args.many_metrics:
+        for metric in many_metrics("train"):
+            builder = builder.metric_train_numeric(metric)
+        for metric in many_metrics("valid"):
+            builder = builder.metric_valid_numeric(metric)
+    else:
+        builder = (
+            builder.metric_train_numeric(LossMetric())
+            .metric_train_numeric(AccuracyMetric())
+            .metric_valid_numeric(LossMetric())
+            .metric_valid_numeric(AccuracyMetric())
+        )
+    builder = builder.num_epochs(args.epochs).renderer(renderer)
     if args.checkpoint:
         from ember.record import CompactRecorder
 

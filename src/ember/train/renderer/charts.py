@@ -32,16 +32,62 @@ class Series:
     style: str
 
 
-def tick(value: float) -> str:
-    """An axis label of at most `LABEL_WIDTH - 2` characters."""
+def tick(value: float, digits: int = 0) -> str:
+    """An axis label of at most `LABEL_WIDTH - 2` characters; `digits` asks for that
+    many more significant digits than usual, as far as they fit."""
     if value == 0:
         return "0"
+    room = LABEL_WIDTH - 2
     magnitude = abs(value)
+    if magnitude >= 1e5 and digits and len(f"{value:.0f}") <= room:
+        return f"{value:.0f}"  # every digit there is: 123456 rather than 1.235e5
     if magnitude >= 1e5 or magnitude < 1e-3:
-        return f"{value:.1e}"
+        for decimals in range(1 + digits, -1, -1):
+            text = f"{value:.{decimals}e}"
+            if len(text) > room:  # 1.2e-5 rather than 1.2e-05
+                mantissa, exponent = text.split("e")
+                text = f"{mantissa}e{int(exponent)}"
+            if len(text) <= room:
+                return text
+        return text
     if magnitude >= 100:
-        return f"{value:.1f}"
-    return f"{value:.4g}"
+        for decimals in range(1 + digits, -1, -1):
+            text = f"{value:.{decimals}f}"
+            if len(text) <= room:
+                return text
+        return text
+    for significant in range(4 + digits, 0, -1):
+        text = f"{value:.{significant}g}"
+        if len(text) <= room:
+            return text
+    return text
+
+
+def tick_labels(values: Sequence[float]) -> list[str]:
+    """Axis labels for `values`, as short as `tick` makes them but never two alike:
+    values that round to the same label get more digits, as many as fit. A label
+    that would still repeat one before it (values closer than the labels can tell
+    apart) is left empty rather than drawn twice."""
+    labels = [tick(value) for value in values]
+    digits = 0
+    while not _distinct(labels) and digits < LABEL_WIDTH:
+        digits += 1
+        more = [tick(value, digits) for value in values]
+        if more == labels:
+            break  # no room for another digit
+        labels = more
+    seen: set[float] = set()
+    out = []
+    for label in labels:
+        number = float(label)
+        out.append("" if number in seen else label)
+        seen.add(number)
+    return out
+
+
+def _distinct(labels: Sequence[str]) -> bool:
+    """Whether no two labels read as the same number ("100" and "100.0" do)."""
+    return len({float(label) for label in labels}) == len(labels)
 
 
 def y_range(low: float, high: float) -> tuple[float, float]:
@@ -67,9 +113,10 @@ def blank(width: int, height: int, message: str = "") -> list[Line]:
 def _labels(height: int, low: float, high: float) -> list[str]:
     """The y axis, one string of `LABEL_WIDTH` cells per plot row."""
     values = [""] * height
-    values[0], values[-1] = tick(high), tick(low)
-    if height >= 5:
-        values[height // 2] = tick((low + high) / 2)
+    rows = [0, height // 2, height - 1] if height >= 5 else [0, height - 1]
+    numbers = [high, (low + high) / 2, low] if height >= 5 else [high, low]
+    for row, label in zip(rows, tick_labels(numbers)):
+        values[row] = label
     return [
         v[: LABEL_WIDTH - 2].rjust(LABEL_WIDTH - 2) + " ┤" if v else " " * (LABEL_WIDTH - 1) + "│"
         for v in values

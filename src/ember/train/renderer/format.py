@@ -31,3 +31,27 @@ def format_duration(seconds: float) -> str:
     hours, rest = divmod(total, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def format_compact(value: float | str | None) -> str:
+    """A number in at most 7 characters (8 when negative), without its unit: "0.5123",
+    "91.23", "123.4", "12346", "1.23e-5" (for tables on narrow terminals)."""
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if value == 0:
+        return "0"
+    magnitude = abs(value)
+    if magnitude >= 99999.5 or magnitude < 1e-3:
+        mantissa, exponent = f"{value:.2e}".split("e")
+        return f"{mantissa}e{int(exponent)}"
+    if magnitude >= 999.95:
+        return f"{value:.0f}"
+    if magnitude >= 99.995:
+        return f"{value:.1f}"
+    if magnitude >= 9.99995:
+        return f"{value:.2f}"
+    return f"{value:.4f}"

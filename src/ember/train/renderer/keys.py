@@ -8,11 +8,13 @@ import threading
 from typing import IO, Any, Callable
 
 _ARROWS = {"A": "up", "B": "down", "C": "right", "D": "left"}
+_TILDE = {"5": "pageup", "6": "pagedown"}
+"""Keys sent as ESC [ number ~."""
 
 
 def parse_keys(data: bytes) -> list[str]:
-    """Key names in a chunk read from a terminal: "up", "down", "left", "right", "escape",
-    "enter", or the character typed."""
+    """Key names in a chunk read from a terminal: "up", "down", "left", "right",
+    "pageup", "pagedown", "escape", "enter", or the character typed."""
     keys: list[str] = []
     text = data.decode("utf-8", errors="ignore")
     index = 0
@@ -27,6 +29,8 @@ def parse_keys(data: bytes) -> list[str]:
                 final = text[end] if end < len(text) else ""
                 if final in _ARROWS:
                     keys.append(_ARROWS[final])
+                elif final == "~" and text[index + 2 : end] in _TILDE:
+                    keys.append(_TILDE[text[index + 2 : end]])
                 index = end + 1
                 continue
             keys.append("escape")

@@ -13,8 +13,15 @@ from typing import Sequence
 from rich.cells import cell_len, set_cell_size
 
 from ember.train.renderer.charts import Line, Series, bar_chart, blank, line_chart
-from ember.train.renderer.format import format_duration, format_number
-from ember.train.renderer.state import METRIC_COLUMNS, Snapshot, cell_text, metric_rows
+from ember.train.renderer.format import format_compact, format_duration, format_number
+from ember.train.renderer.state import (
+    METRIC_COLUMNS,
+    SPLITS,
+    Snapshot,
+    cell_text,
+    metric_rows,
+    shown_value,
+)
 
 VIEWS = ("history", "recent", "epochs")
 """The chart views, in the order up/down cycles through them."""
@@ -25,6 +32,8 @@ STATUS_WIDTH = 34
 PROGRESS_HEIGHT = 4
 FULL_HEIGHT = 16
 """The fewest lines that hold every panel, the chart included."""
+PLOT_MIN = 8
+"""The chart's lines (a legend and four rows of plot) the metrics table leaves it."""
 
 
 # Lines -------------------------------------------------------------------------------
@@ -47,9 +56,15 @@ def fit(line: Line, width: int) -> Line:
 
 
 def box(
-    title: Line, body: Sequence[Line], width: int, height: int, subtitle: str = ""
+    title: Line,
+    body: Sequence[Line],
+    width: int,
+    height: int,
+    subtitle: str = "",
+    subtitle_style: str = BORDER,
 ) -> list[Line]:
-    """A rounded box of `width` x `height` around `body` (cropped or padded to fit)."""
+    """A rounded box of `width` x `height` around `body` (cropped or padded to fit),
+    with `subtitle` at the right of its bottom border if it fits there."""
     inner = width - 4
     head = fit([("╭─ ", BORDER), *title, (" ", BORDER)], width - 1)
     if cell_len(head[-1][0]) and head[-1][1] == "" and not head[-1][0].strip():
@@ -58,8 +73,11 @@ def box(
     for index in range(height - 2):
         content = body[index] if index < len(body) else []
         lines.append([("│ ", BORDER), *fit(content, inner), (" │", BORDER)])
-    tail = f" {subtitle} ─╯" if subtitle and len(subtitle) + 6 <= width else "╯"
-    lines.append([("╰" + "─" * (width - 1 - len(tail)) + tail, BORDER)])
+    if subtitle and cell_len(subtitle) + 6 <= width:
+        lead = "╰" + "─" * (width - 5 - cell_len(subtitle)) + " "
+        lines.append([(lead, BORDER), (subtitle, subtitle_style), (" ─╯", BORDER)])
+    else:
+        lines.append([("╰" + "─" * (width - 2) + "╯", BORDER)])
     return lines
 
 
@@ -76,7 +94,7 @@ def dashboard(snapshot: Snapshot, width: int, height: int) -> list[Line]:
     status_w = min(STATUS_WIDTH, max(20, width // 3))
     if height < FULL_HEIGHT:
         return _compact(snapshot, rows, width, height, status_w)
-    top = min(max(len(rows) + 3, 8), max(4, height // 3))
+    top = metrics_height(len(rows), height)
     plot = max(5, height - 2 - top - PROGRESS_HEIGHT)
     lines = [header(snapshot, width)]
     lines += beside(
@@ -86,6 +104,43 @@ def dashboard(snapshot: Snapshot, width: int, height: int) -> list[Line]:
     lines += progress_panel(snapshot, width)
     lines.append(footer(snapshot, width))
     return [fit(line, width) for line in lines[:height]]
+
+
+def metrics_height(count: int, height: int) -> int:
+    """The lines of the metrics panel in a frame of `height` lines (box and header
+    included) for `count` metrics: all of them if the chart keeps `PLOT_MIN` lines
+    (or half the room on a tall terminal), else as many as that leaves room for. On a
+    short terminal (below `FULL_HEIGHT`) the chart goes and the metrics take its room."""
+    if height < FULL_HEIGHT:
+        room = max(1, height - 2)
+        return room - PROGRESS_HEIGHT if room >= PROGRESS_HEIGHT + 4 else 0
+    room = height - 2 - PROGRESS_HEIGHT
+    most = max(4, height // 3, room - max(PLOT_MIN, room // 2))
+    return min(max(count + 3, 8), most)
+
+
+def metrics_window(snapshot: Snapshot, count: int, shown: int) -> int:
+    """The first of `count` metrics table rows to show when `shown` fit: from
+    `snapshot.scroll`, moved so that the selected metric is shown if `snapshot.follow`,
+    and never past the end."""
+    first = min(max(0, snapshot.scroll), max(0, count - shown))
+    if snapshot.follow and shown > 0 and snapshot.selected is not None:
+        names = [name for name, _, _ in metric_rows(snapshot)]
+        if snapshot.selected in names:
+            index = names.index(snapshot.selected)
+            if index < first:
+                first = index
+            elif index >= first + shown:
+                first = index - shown + 1
+    return first
+
+
+def metrics_scroll(snapshot: Snapshot, height: int) -> tuple[int, int, int]:
+    """Where a frame of `height` lines has the metrics table: (first row shown, rows
+    shown, rows in all)."""
+    count = len(metric_rows(snapshot))
+    shown = max(0, min(count, metrics_height(count, height) - 3))
+    return metrics_window(snapshot, count, shown), shown, count
 
 
 def _compact(snapshot: Snapshot, rows: list, width: int, height: int, status_w: int) -> list[Line]:
@@ -131,35 +186,151 @@ def header(snapshot: Snapshot, width: int) -> Line:
 
 _COLUMN_PRIORITY = (("train", "last"), ("valid", "last"), ("train", "epoch"), ("valid", "epoch"))
 CELL = 12
+SHORT_CELL = 7
+"""The width of a short number ("0.5123", "1.23e-5"): columns keep it as values change."""
+NAME_MIN = 10
+"""The fewest cells a metric's name is cut to (with "…") before columns are left out."""
+
+
+def _splits(snapshot: Snapshot, rows: list) -> list[str]:
+    """The splits the table has columns for: those with a metric (both when none has)."""
+    present = {split for _, _, splits in rows for split in splits}
+    present |= {split for split, _, _, _ in snapshot.info.metrics}
+    return [split for split in SPLITS if split in present] or list(SPLITS)
+
+
+Table = tuple[Line, Line, list[Line], int]
+"""A metrics table: the box title, the header line, a line per metric, and how many
+columns it leaves out."""
+
+
+def _table(snapshot: Snapshot, rows: list, inner: int) -> Table:
+    """The metrics table in `inner` cells. Every value is shown whole: in full with its
+    unit ("91.2345 %") under headers "train last" ... where that fits, else as short
+    numbers (`_short_table`)."""
+    splits = _splits(snapshot, rows)
+    columns = [column for column in METRIC_COLUMNS if column[0] in splits]
+    need = max((2 + cell_len(name) for name, _, _ in rows), default=8)  # "▸ " + name
+    full = [
+        [cell_text(snapshot, row_splits.get(split), kind, unit) for _, unit, row_splits in rows]
+        for split, kind in columns
+    ]
+    widths = [max([CELL - 1, *(cell_len(text) for text in texts)]) for texts in full]
+    name_w = inner - sum(1 + w for w in widths)
+    if need > name_w:
+        return _short_table(snapshot, rows, inner, splits, columns, need)
+    head: Line = [(set_cell_size("  metric", name_w), "bold")]
+    head += [(f" {split} {kind}".rjust(1 + w), "bold") for (split, kind), w in zip(columns, widths)]
+    lines = []
+    for index, (name, _, _) in enumerate(rows):
+        line = _name_cell(snapshot, name, "", name_w)
+        line += [
+            (" " + texts[index].rjust(w), SPLIT_STYLES[split])
+            for (split, _), texts, w in zip(columns, full, widths)
+        ]
+        lines.append(line)
+    return [("metrics", "bold")], head, lines, 0
+
+
+def _short_table(
+    snapshot: Snapshot,
+    rows: list,
+    inner: int,
+    splits: list[str],
+    columns: list[tuple[str, str]],
+    need: int,
+) -> Table:
+    """The metrics table with values in at most 7 characters ("91.23", "1.23e-5") under
+    "last" and "epoch", each split named in the box's top border above its columns, and
+    units after the metrics' names where they fit. Names that still do not fit are cut
+    with "…"; only then are columns left out, the least useful first."""
+    short = [
+        [
+            format_compact(shown_value(snapshot, row_splits[split], kind))
+            if split in row_splits
+            else ""
+            for _, _, row_splits in rows
+        ]
+        for split, kind in columns
+    ]
+    widths = [max([SHORT_CELL, *(cell_len(text) for text in texts)]) for texts in short]
+    kept = list(range(len(columns)))
+    dropping = [columns.index(c) for c in reversed(_COLUMN_PRIORITY) if c in columns]
+    while kept and min(need, NAME_MIN) + sum(1 + widths[i] for i in kept) > inner:
+        kept.remove(dropping.pop(0))
+    name_w = max(1, inner - sum(1 + widths[i] for i in kept))
+    head: Line = [(set_cell_size("  metric", name_w), "bold")]
+    head += [(columns[i][1].rjust(1 + widths[i]), "bold") for i in kept]
+    lines = []
+    for index, (name, unit, _) in enumerate(rows):
+        line = _name_cell(snapshot, name, unit, name_w)
+        line += [
+            (" " + short[i][index].rjust(widths[i]), SPLIT_STYLES[columns[i][0]]) for i in kept
+        ]
+        lines.append(line)
+    # The top border: "╭─ metrics ──── train ──── valid ─╮", each split over its columns.
+    title: Line = [("metrics", "bold"), (" ", BORDER)]
+    used = 3 + cell_len("metrics") + 1  # the cells "╭─ metrics " take
+    start = 2 + name_w  # where the value columns begin ("│ " and the name column before)
+    for split in splits:
+        spans = [i for i in kept if columns[i][0] == split]
+        if not spans:
+            continue
+        begin = start + sum(1 + widths[i] for i in kept if i < spans[0]) + 1
+        end = start + sum(1 + widths[i] for i in kept if i <= spans[-1])
+        label = f" {split} "
+        at = begin + max(0, (end - begin - len(label)) // 2)
+        if at >= used:
+            title += [("─" * (at - used), BORDER), (label, SPLIT_STYLES[split])]
+            used = at + len(label)
+    title[-1] = (title[-1][0].rstrip(), title[-1][1])  # the box puts a blank after the title
+    return title, head, lines, len(columns) - len(kept)
+
+
+def _name_cell(snapshot: Snapshot, name: str, unit: str, width: int) -> Line:
+    """A metric's name (marked if selected, cut with "…" if too long), then its unit if
+    it fits, in exactly `width` cells."""
+    selected = name == snapshot.selected
+    text = ("▸ " if selected else "  ") + name
+    style = "bold" if selected else ""
+    if cell_len(text) > width:
+        return fit([(set_cell_size(text, max(0, width - 1)).rstrip() + "…"[:width], style)], width)
+    line: Line = [(text, style)]
+    if unit and cell_len(text) + 1 + cell_len(unit) <= width:
+        line.append((" " + unit, LABEL))
+    return fit(line, width)
 
 
 def metrics_panel(snapshot: Snapshot, rows: list, width: int, height: int) -> list[Line]:
-    """Each metric's last value and epoch value per split; on a narrow terminal the
-    columns that do not fit are left out (values are never cut)."""
+    """Each metric's last value and epoch value per split, as many rows as fit from
+    where the table is scrolled to; the bottom border says how many are above and
+    below, and which keys scroll."""
     inner = width - 4
-    fits = max(0, min(4, (inner - 12) // CELL))
-    chosen = set(_COLUMN_PRIORITY[:fits])
-    columns = [column for column in METRIC_COLUMNS if column in chosen]
-    name_w = inner - CELL * len(columns)
-    body: list[Line] = [[(set_cell_size("  metric", name_w), "bold")]]
-    body[0] += [(f"{split} {kind}".rjust(CELL), "bold") for split, kind in columns]
-    for name, unit, splits in rows:
-        selected = name == snapshot.selected
-        line: Line = [
-            (set_cell_size(("▸ " if selected else "  ") + name, name_w), "bold" if selected else "")
-        ]
-        for split, kind in columns:
-            text = cell_text(snapshot, splits.get(split), kind, unit)
-            line.append(
-                (
-                    " " + text.rjust(CELL - 1) if len(text) < CELL else " " + text,
-                    SPLIT_STYLES[split],
-                )
-            )
-        body.append(line)
+    shown = max(0, min(len(rows), height - 3))
+    first = metrics_window(snapshot, len(rows), shown)
+    title, head, lines, hidden = _table(snapshot, rows, inner)
+    body = [head, *lines[first : first + shown]]
     if not rows:
         body.append([("  no metric registered", LABEL)])
-    return box([("metrics", "bold")], body, width, height)
+    hint = _hidden_hint(first, len(rows) - first - shown, hidden, width)
+    return box(title, body, width, height, hint, "bold yellow")
+
+
+def _hidden_hint(above: int, below: int, columns: int, width: int) -> str:
+    """What the metrics table does not show, for its bottom border: "▴ 1 above · ▾ 2
+    more · PgUp PgDn", "1 column hidden"; shorter where the border is short."""
+    parts = ([f"▴ {above} above"] if above else []) + ([f"▾ {below} more"] if below else [])
+    keys = " ".join((["PgUp"] if above else []) + (["PgDn"] if below else []))
+    short = ([f"▴{above}"] if above else []) + ([f"▾{below}"] if below else [])
+    if columns:
+        parts.append(f"{columns} column{'s' if columns > 1 else ''} hidden")
+        short.append(f"+{columns} col")
+    if not parts:
+        return ""
+    for hint in (" · ".join([*parts, keys] if keys else parts), " · ".join(parts), " ".join(short)):
+        if cell_len(hint) + 6 <= width:
+            return hint
+    return ""
 
 
 def status_panel(snapshot: Snapshot, width: int, height: int) -> list[Line]:

@@ -50,6 +50,10 @@ class Snapshot:
     notice: str | None = None
     reason: str | None = None
     closing: bool = False
+    scroll: int = 0
+    """The first row of the metrics table asked for (the table shows what fits from there)."""
+    follow: bool = False
+    """Whether the metrics table scrolls to show the `selected` metric."""
 
 
 def metric_rows(snapshot: Snapshot) -> list[tuple[str, str, dict[str, MetricView]]]:
@@ -232,9 +236,12 @@ class RunTracker:
         prompt: bool = False,
         notice: str | None = None,
         closing: bool = False,
+        scroll: int = 0,
+        follow: bool = False,
     ) -> Snapshot:
         """A copy of the state to draw from, charting `selected` (the dashboard's choice
-        of metric and `view`); `notice` defaults to a pending stop's message."""
+        of metric and `view`, and where its metrics table is scrolled to); `notice`
+        defaults to a pending stop's message."""
         assert self.info is not None, "snapshot() before start()"
         if selected is not None:
             histories, epochs = self.series(selected)
@@ -265,4 +272,6 @@ class RunTracker:
             notice=notice or self.interrupted(),
             reason=self.reason,
             closing=closing,
+            scroll=scroll,
+            follow=follow,
         )

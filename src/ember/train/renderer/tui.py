@@ -27,7 +27,7 @@ from rich.style import Style
 from ember.train.logger.base import MetricRecord
 from ember.train.renderer.base import MetricView, Progress, RunInfo
 from ember.train.renderer.keys import KeyReader
-from ember.train.renderer.panels import VIEWS, dashboard, select_metric
+from ember.train.renderer.panels import VIEWS, dashboard, metrics_scroll, select_metric
 from ember.train.renderer.state import RunTracker, Snapshot
 
 STOP_MESSAGE = "stopped from the dashboard"
@@ -72,8 +72,8 @@ class _FrameRender(LiveRender):
 
 class TuiRenderer:
     """A live terminal dashboard. Keys (when stdin is a terminal): left/right choose the
-    metric, up/down the chart view, `q` asks whether to stop gracefully (`s`), kill (`k`)
-    or cancel (`c`)."""
+    metric, up/down the chart view, PgUp/PgDn scroll the metrics table when it has more
+    rows than fit, `q` asks whether to stop gracefully (`s`), kill (`k`) or cancel (`c`)."""
 
     def __init__(
         self,
@@ -106,6 +106,12 @@ class TuiRenderer:
         self._run = RunTracker(recent=self.recent)
         self._selected: str | None = None
         self._view = VIEWS[0]
+        self._scroll = 0
+        """The first metrics table row shown (as last drawn, or as asked by a key)."""
+        self._follow = False
+        """Whether the next frame scrolls the metrics table to the selected metric."""
+        self._page = 1
+        self._rows = 0
         self._prompt = False
         self._notice: str | None = None
         self._closing = False
@@ -221,7 +227,8 @@ class TuiRenderer:
 
     # Keys -----------------------------------------------------------------------
     def press(self, key: str) -> None:
-        """Act on a key as if typed: "left", "right", "up", "down", "q", then "s", "k" or "c"."""
+        """Act on a key as if typed: "left", "right", "up", "down", "pageup", "pagedown",
+        "q", then "s", "k" or "c"."""
         action = None
         with self._lock:
             if self._closing:
@@ -241,6 +248,11 @@ class TuiRenderer:
                 self._selected = select_metric(
                     self._run.names, self._selected, 1 if key == "right" else -1
                 )
+                self._follow = True
+            elif key in ("pageup", "pagedown"):
+                step = self._page if key == "pagedown" else -self._page
+                self._scroll = max(0, min(self._scroll + step, self._rows - self._page))
+                self._follow = False
             elif key in ("up", "down"):
                 index = VIEWS.index(self._view) + (1 if key == "down" else -1)
                 self._view = VIEWS[index % len(VIEWS)]
@@ -290,6 +302,8 @@ class TuiRenderer:
                 prompt=self._prompt,
                 notice=self._notice,
                 closing=self._closing,
+                scroll=self._scroll,
+                follow=self._follow,
             )
 
     def _size(self) -> tuple[int, int]:
@@ -304,7 +318,13 @@ class TuiRenderer:
         width, height = self._size()
         styles = self._styles
         frame = []
-        for line in dashboard(self._snapshot(), width, height):
+        snapshot = self._snapshot()
+        first, shown, count = metrics_scroll(snapshot, height)
+        with self._lock:  # keep where the table is, unless a key moved it meanwhile
+            if self._scroll == snapshot.scroll and self._follow == snapshot.follow:
+                self._scroll, self._follow = first, False
+            self._page, self._rows = max(1, shown), count
+        for line in dashboard(snapshot, width, height):
             segments = []
             for text, style in line:
                 parsed = styles.get(style)
