@@ -220,10 +220,9 @@ def train(
         DataLoaderBuilder(DiabetesBatcher()).batch_size(config.batch_size).build(data.valid)
     )
 
-    steps = config.num_epochs * len(loader_train)
-    schedule = CosineAnnealingLrSchedulerConfig(
+    schedule = CosineAnnealingLrSchedulerConfig(  # "auto": anneal over the run's optimizer steps
         initial_lr=config.learning_rate,
-        num_iters=max(steps - 1, 1),
+        num_iters="auto",
         min_lr=min(config.min_learning_rate, config.learning_rate),
     )
     learner = (

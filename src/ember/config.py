@@ -512,6 +512,20 @@ def _union_shape(
     return shape
 
 
+def _simple_label(annotation: Any) -> str | None:
+    """INT, FLOAT, {a,b}... for a plain annotation; "INT|auto" for a union of them."""
+    if get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    if get_origin(annotation) is Literal:
+        return "|".join(str(value) for value in get_args(annotation))
+    if get_origin(annotation) in (Union, types.UnionType):
+        labels = [_simple_label(member) for member in get_args(annotation)]
+        return None if None in labels else "|".join(label for label in labels if label)
+    if isinstance(annotation, type) and annotation not in (object, bool):
+        return annotation.__name__.upper()
+    return None
+
+
 def _metavar(shape: _Shape) -> str:
     if shape.kind == "list":
         assert shape.item is not None
@@ -527,10 +541,8 @@ def _metavar(shape: _Shape) -> str:
             text = "{" + ",".join(str(member.value) for member in annotation) + "}"
         elif annotation is bool:
             text = "[BOOL]"
-        elif isinstance(annotation, type) and annotation is not object:
-            text = annotation.__name__.upper()
         else:
-            text = "VALUE"
+            text = _simple_label(annotation) or "VALUE"
     return f"{text}|null" if shape.nullable and shape.kind != "list" else text
 
 

@@ -286,8 +286,9 @@ def test_help_lists_the_fields_of_the_scheduler_held_and_of_the_others(capsys):
         "--lr.warmup-steps INT Steps run below the full rate. (default: 3)",
         "(default: warmup)",
         "(default: cosine)",
-        "--lr.scheduler.num-iters INT Steps from initial_lr to min_lr; a cycle is num_iters + 1 "
-        "steps. (default: 10)",
+        "--lr.scheduler.num-iters INT|auto",  # the description follows on the next line
+        'Steps from initial_lr to min_lr; a cycle is num_iters + 1 steps. "auto": the run\'s '
+        "optimizer steps - 1, so min_lr is the rate of the last step. (default: 10)",
         "with --lr.scheduler.type noam (NoamLrSchedulerConfig):",
         "--lr.scheduler.init-lr FLOAT Scale of the whole schedule. (required)",
         "with --lr.type noam (NoamLrSchedulerConfig):",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping, Union
 
-from pydantic import ValidationError
+from pydantic import PlainValidator, ValidationError
 
 from ember.config import Config, _describe
 from ember.errors import ConfigError
-from ember.lr.base import LrScheduler
+from ember.lr.base import LrScheduler, StepsUnknown
 
 
 class SchedulerConfigBase(Config):
@@ -34,6 +34,47 @@ class SchedulerConfigBase(Config):
             except ValidationError as error:
                 cls = type(self)
                 raise ConfigError(_describe(cls, error, f"{cls.__name__}.{name} = ...")) from None
+
+
+AUTO = "auto"
+"""A step count the Learner fills in: the run's number of optimizer steps."""
+
+
+def _check_steps(value: Any) -> int | str:
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, str) and value.strip().lstrip("+").isdigit():
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"must be an int >= 1 or 'auto', got {value!r}")
+    return value
+
+
+StepCount = Annotated[Union[int, Literal["auto"]], PlainValidator(_check_steps)]
+"""A number of steps (an int >= 1), or "auto": the run's optimizer steps - 1."""
+
+
+def resolve_steps(value: int | str, total_steps: int | None, owner: str, field: str) -> int:
+    """`value`, or for `"auto"` the steps that end the schedule on the run's last
+    optimizer step (`total_steps - 1`: the schedule's final rate is that of step
+    `num_iters + 1`)."""
+    if value != AUTO:
+        return int(value)
+    if total_steps is None:
+        raise StepsUnknown(
+            f"{owner}.{field}='auto' is the run's number of optimizer steps, which is not "
+            "known here. Give the config to LearnerBuilder.build(...), which counts them "
+            "(epochs x batches per process / gradient accumulation), or call "
+            "init(total_steps=N)."
+        )
+    if total_steps < 2:
+        raise ConfigError(
+            f"{owner}.{field}='auto': the run has {total_steps} optimizer step(s); a schedule "
+            "needs at least 2."
+        )
+    return total_steps - 1
 
 
 def read_state(state: Any, owner: object, *keys: str) -> Mapping[str, Any]:

@@ -10,6 +10,10 @@ import torch
 from ember.errors import ConfigError, TrainingError
 
 
+class StepsUnknown(ConfigError):
+    """A scheduler config asks for the run's step count (`"auto"`) and none was given."""
+
+
 @runtime_checkable
 class LrScheduler(Protocol):
     """Gives the learning rate of each optimizer step, in order; its state resumes it."""
@@ -31,8 +35,12 @@ class LrDriver:
     after each optimizer step, as PyTorch expects.
     """
 
-    def __init__(self, scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self, scheduler: Any, optimizer: torch.optim.Optimizer, pending: Any = None
+    ) -> None:
         self.scheduler = scheduler
+        self.pending = pending
+        """A scheduler config waiting for the run's step count (an "auto" inside)."""
         self.optimizer = optimizer
         self.is_torch = isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)
         if self.is_torch and scheduler.optimizer is not optimizer:
@@ -42,6 +50,12 @@ class LrDriver:
                 "torch optimizer you pass to build()."
             )
         self.last_lr: float = float(optimizer.param_groups[0]["lr"])
+
+    def resolve(self, total_steps: int | None) -> None:
+        """Build a pending scheduler config now that the run's optimizer steps are known."""
+        if self.pending is not None:
+            self.scheduler = self.pending.init(total_steps)
+            self.pending = None
 
     def before_step(self) -> float:
         """Set and return the learning rate of the coming optimizer step."""

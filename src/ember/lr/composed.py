@@ -30,8 +30,11 @@ class ComposedLrSchedulerConfig(SchedulerConfigBase):
         default="prod", description="prod, sum or avg of their rates."
     )
 
-    def init(self) -> ComposedLrScheduler:
-        return ComposedLrScheduler([config.init() for config in self.schedulers], self.reduction)
+    def init(self, total_steps: int | None = None) -> ComposedLrScheduler:
+        """The scheduler; `total_steps` resolves the "auto" step counts inside."""
+        return ComposedLrScheduler(
+            [config.init(total_steps) for config in self.schedulers], self.reduction
+        )
 
 
 class ComposedLrScheduler:

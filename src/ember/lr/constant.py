@@ -13,5 +13,5 @@ class ConstantLrConfig(Config):
 
     lr: float = Field(gt=0.0)
 
-    def init(self) -> ConstantLr:
+    def init(self, total_steps: int | None = None) -> ConstantLr:
         return ConstantLr(self.lr)

@@ -7,7 +7,13 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from ember.lr._common import SchedulerConfigBase, read_count, read_state
+from ember.lr._common import (
+    SchedulerConfigBase,
+    StepCount,
+    read_count,
+    read_state,
+    resolve_steps,
+)
 
 
 class CosineAnnealingLrSchedulerConfig(SchedulerConfigBase):
@@ -18,8 +24,9 @@ class CosineAnnealingLrSchedulerConfig(SchedulerConfigBase):
     initial_lr: float = Field(
         gt=0.0, allow_inf_nan=False, description="Rate at the start of each cycle."
     )
-    num_iters: int = Field(
-        ge=1, description="Steps from initial_lr to min_lr; a cycle is num_iters + 1 steps."
+    num_iters: StepCount = Field(
+        description="Steps from initial_lr to min_lr; a cycle is num_iters + 1 steps. "
+        '"auto": the run\'s optimizer steps - 1, so min_lr is the rate of the last step.'
     )
     min_lr: float = Field(
         default=0.0, ge=0.0, allow_inf_nan=False, description="Rate at the end of each cycle."
@@ -33,8 +40,14 @@ class CosineAnnealingLrSchedulerConfig(SchedulerConfigBase):
             raise ValueError(f"min_lr must be at most initial_lr ({initial})")
         return value
 
-    def init(self) -> CosineAnnealingLrScheduler:
-        return CosineAnnealingLrScheduler(self)
+    def init(self, total_steps: int | None = None) -> CosineAnnealingLrScheduler:
+        """The scheduler; `total_steps` (the run's optimizer steps) resolves "auto"."""
+        return CosineAnnealingLrScheduler(
+            self,
+            resolve_steps(
+                self.num_iters, total_steps, "CosineAnnealingLrSchedulerConfig", "num_iters"
+            ),
+        )
 
 
 class CosineAnnealingLrScheduler:
@@ -43,9 +56,15 @@ class CosineAnnealingLrScheduler:
 
     To anneal once over a whole run, set `num_iters` to the run's number of steps - 1."""
 
-    def __init__(self, config: CosineAnnealingLrSchedulerConfig) -> None:
+    def __init__(
+        self, config: CosineAnnealingLrSchedulerConfig, num_iters: int | None = None
+    ) -> None:
         self.initial_lr = config.initial_lr
-        self.num_iters = config.num_iters
+        self.num_iters = (
+            num_iters
+            if num_iters is not None
+            else resolve_steps(config.num_iters, None, type(config).__name__, "num_iters")
+        )
         self.min_lr = config.min_lr
         self.step_count = 0
 

@@ -17,7 +17,7 @@ class ExponentialLrSchedulerConfig(SchedulerConfigBase):
     initial_lr: float = Field(gt=0.0, allow_inf_nan=False, description="Rate of the first step.")
     gamma: float = Field(gt=0.0, allow_inf_nan=False, description="Factor applied after each step.")
 
-    def init(self) -> ExponentialLrScheduler:
+    def init(self, total_steps: int | None = None) -> ExponentialLrScheduler:
         return ExponentialLrScheduler(self)
 
 

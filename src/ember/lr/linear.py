@@ -6,7 +6,13 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ember.lr._common import SchedulerConfigBase, read_count, read_state
+from ember.lr._common import (
+    SchedulerConfigBase,
+    StepCount,
+    read_count,
+    read_state,
+    resolve_steps,
+)
 
 
 class LinearLrSchedulerConfig(SchedulerConfigBase):
@@ -18,19 +24,29 @@ class LinearLrSchedulerConfig(SchedulerConfigBase):
     final_lr: float = Field(
         ge=0.0, allow_inf_nan=False, description="Rate from step num_iters + 1 on."
     )
-    num_iters: int = Field(ge=1, description="Number of steps to go from initial_lr to final_lr.")
+    num_iters: StepCount = Field(
+        description="Number of steps to go from initial_lr to final_lr. "
+        '"auto": the run\'s optimizer steps - 1, so final_lr is the rate of the last step.'
+    )
 
-    def init(self) -> LinearLrScheduler:
-        return LinearLrScheduler(self)
+    def init(self, total_steps: int | None = None) -> LinearLrScheduler:
+        """The scheduler; `total_steps` (the run's optimizer steps) resolves "auto"."""
+        return LinearLrScheduler(
+            self, resolve_steps(self.num_iters, total_steps, "LinearLrSchedulerConfig", "num_iters")
+        )
 
 
 class LinearLrScheduler:
     """Moves the rate by a fixed amount per step from `initial_lr` to `final_lr`, then holds it."""
 
-    def __init__(self, config: LinearLrSchedulerConfig) -> None:
+    def __init__(self, config: LinearLrSchedulerConfig, num_iters: int | None = None) -> None:
         self.initial_lr = config.initial_lr
         self.final_lr = config.final_lr
-        self.num_iters = config.num_iters
+        self.num_iters = (
+            num_iters
+            if num_iters is not None
+            else resolve_steps(config.num_iters, None, type(config).__name__, "num_iters")
+        )
         self.step_count = 0
 
     def step(self) -> float:

@@ -22,7 +22,7 @@ class NoamLrSchedulerConfig(SchedulerConfigBase):
         default=512, ge=1, description="Model (embedding) width; scales the rate by its -1/2 power."
     )
 
-    def init(self) -> NoamLrScheduler:
+    def init(self, total_steps: int | None = None) -> NoamLrScheduler:
         return NoamLrScheduler(self)
 
 

@@ -49,8 +49,16 @@ class SequentialLrSchedulerConfig(SchedulerConfigBase):
             raise ValueError(f"milestones {problem}")
         return value
 
-    def init(self) -> SequentialLrScheduler:
-        return SequentialLrScheduler([config.init() for config in self.schedulers], self.milestones)
+    def init(self, total_steps: int | None = None) -> SequentialLrScheduler:
+        """The scheduler; with `total_steps`, each scheduler's "auto" step count is the
+        length of its segment (the last one ends with the run)."""
+        starts = [0, *self.milestones]
+        ends: list[int | None] = [*self.milestones, total_steps]
+        schedulers = [
+            config.init(None if end is None else end - start)
+            for config, start, end in zip(self.schedulers, starts, ends)
+        ]
+        return SequentialLrScheduler(schedulers, self.milestones)
 
 
 class SequentialLrScheduler:

@@ -20,7 +20,7 @@ class StepLrSchedulerConfig(SchedulerConfigBase):
         default=0.1, gt=0.0, allow_inf_nan=False, description="Factor of each decay."
     )
 
-    def init(self) -> StepLrScheduler:
+    def init(self, total_steps: int | None = None) -> StepLrScheduler:
         return StepLrScheduler(self)
 
 

@@ -30,8 +30,12 @@ class WarmupLrSchedulerConfig(SchedulerConfigBase):
         description="Fraction of the rate at step 1.",
     )
 
-    def init(self) -> WarmupLrScheduler:
-        return WarmupLrScheduler(self.scheduler.init(), self.warmup_steps, self.start_factor)
+    def init(self, total_steps: int | None = None) -> WarmupLrScheduler:
+        """The scheduler; `total_steps` resolves an "auto" step count of the wrapped one
+        (it is stepped from the first step, so it spans the whole run too)."""
+        return WarmupLrScheduler(
+            self.scheduler.init(total_steps), self.warmup_steps, self.start_factor
+        )
 
 
 class WarmupLrScheduler:

@@ -63,9 +63,10 @@ class ShardPlan:
         self.lengths = list(lengths)
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self.min_batches = min(self._batches(length) for length in self.lengths)
+        self.min_batches = min(self.batches(length) for length in self.lengths)
 
-    def _batches(self, length: int) -> int:
+    def batches(self, length: int) -> int:
+        """Batches of a process that has `length` samples."""
         return length // self.batch_size if self.drop_last else -(-length // self.batch_size)
 
     def size(self, rank: int, step: int) -> int:
@@ -148,6 +149,28 @@ class BatchPlanner:
                 "with ember.data.DataLoaderBuilder: its sampler gives each process its "
                 "exact share of every epoch (no sample dropped or counted twice)."
             )
+
+    def batches_per_epoch(self) -> int | None:
+        """Batches of an epoch on the process that has the most (None when the loader
+        has no length)."""
+        sampler = self.sampler
+        if self.shard is not None and sampler is not None:
+            sampler.shard(*self.shard)
+            plan = ShardPlan(
+                sampler.shard_lengths(),
+                int(self.loader.batch_size),  # type: ignore[attr-defined]
+                bool(self.loader.drop_last),  # type: ignore[attr-defined]
+            )
+            return max(plan.batches(length) for length in plan.lengths)
+        try:
+            return len(self.loader)  # type: ignore[arg-type]
+        except TypeError:
+            return None
+
+    def steps_per_epoch(self) -> int | None:
+        """Optimizer steps of an epoch: its batches in groups of `accumulation`."""
+        batches = self.batches_per_epoch()
+        return None if batches is None else -(-batches // self.accumulation)
 
     def epoch(self, epoch: int, start: Position | None = None) -> EpochPlan:
         """Set the sampler up for `epoch` (from `start` when resuming mid-epoch)."""

@@ -11,7 +11,7 @@ import torch
 
 from ember.environment import from_environment
 from ember.errors import ConfigError
-from ember.lr.base import ConstantLr, LrDriver
+from ember.lr.base import ConstantLr, LrDriver, StepsUnknown
 from ember.train.artifacts import Artifacts
 from ember.train.checkpoint.base import Checkpointer
 from ember.train.checkpoint.file import FileCheckpointer
@@ -280,12 +280,12 @@ class LearnerBuilder:
         model.to(device)
         if self._compile is not None:
             model.compile(**self._compile)
-        scheduler = _scheduler(lr)
+        scheduler, pending = _scheduler(lr)
         torch_optimizer = _bind_optimizer(optimizer, model, _initial_lr(scheduler))
         optimization = Optimization(
             model,
             torch_optimizer,
-            LrDriver(scheduler, torch_optimizer),
+            LrDriver(scheduler, torch_optimizer, pending),
             device,
             self._mixed_precision,  # type: ignore[arg-type]
             self._clip_norm,
@@ -386,15 +386,21 @@ def _model_device(model: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _scheduler(lr: Any) -> Any:
+def _scheduler(lr: Any) -> tuple[Any, Any]:
+    """The scheduler for `lr`, or (None, config) for a config that needs the run's
+    step count ("auto"), which the learner counts when `fit` starts."""
     if isinstance(lr, (int, float)) and not isinstance(lr, bool):
-        return ConstantLr(float(lr))
+        return ConstantLr(float(lr)), None
     if isinstance(lr, torch.optim.lr_scheduler.LRScheduler):
-        return lr
+        return lr, None
     if all(callable(getattr(lr, name, None)) for name in ("step", "state_dict", "load_state_dict")):
-        return lr
+        return lr, None
     if callable(getattr(lr, "init", None)):
-        return _scheduler(lr.init())
+        try:
+            built = lr.init()
+        except StepsUnknown:
+            return None, lr
+        return _scheduler(built)
     raise ConfigError(
         f"build() got {lr!r} as learning rate: pass a float (constant rate), an ember "
         "scheduler (ember.lr) or a torch.optim.lr_scheduler object."

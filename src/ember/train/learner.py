@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from ember.data.device import to_device
+from ember.environment import from_environment
 from ember.errors import TrainingError
 from ember.rng import capture_rng_state, restore_rng_state
 from ember.train.artifacts import Artifacts
@@ -77,6 +78,11 @@ class Learner:
         self.iteration = 0
         self.items = 0
         self._fitted = False
+        self.steps_per_epoch: int | None = None
+        """Optimizer steps per epoch (every process, gradient accumulation counted), set
+        when `fit` starts; `steps(train)` tells it before."""
+        self.total_steps: int | None = None
+        """Optimizer steps of the whole run (`steps_per_epoch * num_epochs`)."""
         self.outcome: str | None = None
         """After `fit`: "completed", "stopped: <why>" or "stopped early: <why>"; "failed" or
         "interrupted" (a second Ctrl-C) when `fit` raised."""
@@ -94,6 +100,16 @@ class Learner:
         if self.outcome.startswith("stopped:") and self.interrupter.signal is not None:
             return 128 + int(self.interrupter.signal)
         return 0
+
+    def steps(self, train: Iterable[Any]) -> tuple[int | None, int | None]:
+        """`(steps_per_epoch, total_steps)` that `fit(train, ...)` will take: optimizer
+        steps per epoch on the process with the most batches (under several processes
+        each takes its share of the batches) and over the whole run. What an "auto" step
+        count of a scheduler config is resolved from. None when the loader has no length."""
+        world = _world_size(self.devices)
+        shard = (0, world) if world > 1 else None
+        per_epoch = BatchPlanner(train, self.grads_accumulation, shard).steps_per_epoch()
+        return per_epoch, None if per_epoch is None else per_epoch * self.num_epochs
 
     @property
     def history(self) -> list[tuple[int, EpochValues]]:
@@ -173,6 +189,15 @@ class Learner:
         valid_plan = BatchPlanner(valid, 1, shard) if valid is not None else None
         if dist is not None:
             self._prepare_processes(dist, processor, train_plan, valid_plan)
+        self.steps_per_epoch = train_plan.steps_per_epoch()
+        if self.steps_per_epoch is not None:
+            self.total_steps = self.steps_per_epoch * self.num_epochs
+        if self.optim.lr.pending is not None and self.total_steps is None:
+            raise TrainingError(
+                "The learning-rate schedule counts the run's optimizer steps ('auto'), but the "
+                "training loader has no length. Give the schedule its step count instead."
+            )
+        self.optim.lr.resolve(self.total_steps)
         reason = "failed"
         try:
             with signal_handlers(self.interrupter):
@@ -475,6 +500,14 @@ class Learner:
     def _emit(self, event: Any) -> None:
         for listener in self.listeners:
             listener.on_event(event)
+
+
+def _world_size(devices: list[torch.device] | None) -> int:
+    """How many processes a run will have: torchrun's world, or one per listed device."""
+    placement = from_environment()
+    if placement is not None:
+        return placement[1]
+    return len(devices) if devices is not None and len(devices) > 1 else 1
 
 
 def _call_step(step: Any, batch: Any, name: str, epoch: int, iteration: int) -> Any:

@@ -18,7 +18,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ember.train.renderer.charts import tick, y_range
+from ember.train.renderer.charts import tick_labels, y_range
 from ember.train.renderer.format import format_duration, format_number
 from ember.train.renderer.history import HistoryView
 from ember.train.renderer.state import (
@@ -325,8 +325,10 @@ def _axes(plot: _Plot) -> str:
         f'<line x1="{LEFT}" x2="{LEFT + plot.width}" y1="{middle}" y2="{middle}" '
         'stroke="currentColor" stroke-opacity="0.12"/>',
     ]
-    for y, value in ((TOP, plot.high), (middle, (plot.high + plot.low) / 2), (bottom, plot.low)):
-        parts.append(_text(LEFT - 4, y + 3.5, tick(value), anchor="end"))
+    values = [plot.high, (plot.high + plot.low) / 2, plot.low]
+    for y, label in zip((TOP, middle, bottom), tick_labels(values)):
+        if label:  # a label that would repeat the one above is left out
+            parts.append(_text(LEFT - 4, y + 3.5, label, anchor="end"))
     for epoch in epoch_ticks(plot.x0, plot.x1):
         at = float(plot.x(np.array([epoch]))[0])
         parts.append(
