@@ -207,14 +207,14 @@ class Artifacts:
             previous = [p for split in SPLITS for p in self.epoch_dirs(split).values()]
             checkpoints = self.checkpoints
             has_checkpoints = checkpoints.is_dir() and any(checkpoints.iterdir())
-            if previous or has_checkpoints:
-                if not overwrite:
-                    raise TrainingError(
-                        f"{self.root} already holds a run ({len(previous)} epoch log folder(s)"
-                        f"{', checkpoints' if has_checkpoints else ''}). Resume it with "
-                        "checkpoint(n), replace it with LearnerBuilder(dir, overwrite=True), or "
-                        "choose a new directory."
-                    )
+            if (previous or has_checkpoints) and not overwrite:
+                raise TrainingError(
+                    f"{self.root} already holds a run ({len(previous)} epoch log folder(s)"
+                    f"{', checkpoints' if has_checkpoints else ''}). Resume it with "
+                    "checkpoint(n), replace it with LearnerBuilder(dir, overwrite=True), or "
+                    "choose a new directory."
+                )
+            if overwrite:  # a new run: nothing of an earlier one is kept (a failed one included)
                 for path in [*splits, checkpoints]:
                     shutil.rmtree(path, ignore_errors=True)
                 self.experiment_log.unlink(missing_ok=True)

@@ -13,10 +13,13 @@ from ember.train.renderer.base import RunInfo
 __all__ = ["describe", "describe_run", "run_info"]
 
 
-def run_info(learner: Any, start_epoch: int) -> RunInfo:
+def run_info(learner: Any, start: Any) -> RunInfo:
+    """What the renderers know of a run that starts at `start` (a `Position`)."""
     return RunInfo(
         artifact_dir=str(learner.artifact_dir),
-        start_epoch=start_epoch,
+        start_epoch=start.epoch,
+        resumed=not start.fresh,
+        start_iteration=start.iteration,
         num_epochs=learner.num_epochs,
         model_name=type(learner.model).__name__,
         num_parameters=sum(p.numel() for p in learner.model.parameters()),

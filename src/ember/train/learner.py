@@ -202,7 +202,7 @@ class Learner:
         try:
             with signal_handlers(self.interrupter):
                 self.checkpoints.restore(resume, self.model, self.optim, dist)
-                info = run_info(self, start.epoch)
+                info = run_info(self, start)
                 log.info("%s", describe_run(self, info))
                 self.run_history.describe_model(info.model_name, info.num_parameters)
                 if complete:

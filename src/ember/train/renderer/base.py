@@ -22,6 +22,10 @@ class RunInfo:
     """Registered metrics as (split, name, unit, numeric)."""
     interrupter: Any = None
     """The run's `Interrupter`: a renderer calls `stop(message)` on it to end the run gracefully."""
+    resumed: bool = False
+    """The run continues from a checkpoint."""
+    start_iteration: int = 0
+    """Batches of `start_epoch` already done before this run (a resume mid-epoch)."""
 
 
 @dataclass(frozen=True)

@@ -53,9 +53,12 @@ class PlainRenderer:
 
     def start(self, info: RunInfo) -> None:
         self._last = time.monotonic()
-        first = "resuming at" if info.start_epoch > 1 else "training"
+        where = f"epoch {info.start_epoch}/{info.num_epochs}"
+        if info.resumed and info.start_iteration:
+            where += f", iteration {info.start_iteration}"
+        first = "resuming at" if info.resumed or info.start_epoch > 1 else "training"
         self._write(
-            f"{first} epoch {info.start_epoch}/{info.num_epochs}: {info.model_name} "
+            f"{first} {where}: {info.model_name} "
             f"({info.num_parameters:,} parameters) on {', '.join(info.devices)}; "
             f"artifacts in {info.artifact_dir}"
         )

@@ -107,6 +107,8 @@ class RunTracker:
         self.histories: dict[tuple[str, str], History] = {}
         self.epoch_values: dict[tuple[str, str], dict[int, float]] = {}
         self.names: list[str] = []
+        self._text: set[str] = set()
+        """Metrics registered as text only (shown, never plotted)."""
         """The numeric metrics, in registration order (then in order of first value)."""
         self.units: dict[str, str] = {}
         self.durations: dict[str, float] = {}
@@ -126,6 +128,8 @@ class RunTracker:
             self.units.setdefault(name, unit)
             if numeric and name not in self.names:
                 self.names.append(name)
+        numeric_names = {name for _, name, _, numeric in info.metrics if numeric}
+        self._text = {name for _, name, _, _ in info.metrics} - numeric_names
 
     def update(
         self, progress: Progress, metrics: Sequence[MetricView], records: Sequence[MetricRecord]
@@ -157,8 +161,8 @@ class RunTracker:
         history = self.histories.get((split, name))
         if history is None:
             history = self.histories[(split, name)] = History(recent=self.recent)
-            if name not in self.names:
-                self.names.append(name)
+            if name not in self.names and name not in self._text:
+                self.names.append(name)  # plotted: numeric, or not registered as text
         return history
 
     def _append(self, progress: Progress, records: Sequence[MetricRecord]) -> None:

@@ -1,0 +1,96 @@
+"""One run, one story: a replaced run leaves nothing behind, a resumed run says where
+it resumes, and only plotted (numeric) metrics get charts."""
+
+from __future__ import annotations
+
+import pytest
+from ember_testing import Classifier
+
+from ember.errors import TrainingError
+from ember.optim import AdamConfig
+from ember.record import DefaultRecorder
+from ember.train import LearnerBuilder, ProcessedItem
+from ember.train.logger.base import MetricRecord
+from ember.train.metric import AccuracyMetric, LossMetric
+from ember.train.renderer.base import Progress, RunInfo
+from ember.train.renderer.state import RunTracker
+
+
+class Broken(Classifier):
+    def train_step(self, batch):
+        raise RuntimeError("a bug in the step")
+
+
+def test_overwrite_after_a_failed_run_starts_a_fresh_log(tmp_path, loaders, quiet):
+    failing = LearnerBuilder(tmp_path).metric_train(LossMetric()).renderer(quiet)
+    with pytest.raises(RuntimeError):
+        failing.build(Broken(), AdamConfig().init(), 1e-2).fit(*loaders)
+    assert "a bug in the step" in (tmp_path / "experiment.log").read_text()
+    fresh = LearnerBuilder(tmp_path, overwrite=True).metric_train(LossMetric()).renderer(quiet)
+    fresh.build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
+    log = (tmp_path / "experiment.log").read_text()
+    assert "a bug in the step" not in log and "Training completed" in log
+
+
+class StopAt:
+    def __init__(self, interrupter, epoch, iteration):
+        self.interrupter, self.at = interrupter, (epoch, iteration)
+
+    def on_event(self, event):
+        train = isinstance(event, ProcessedItem) and event.split == "train"
+        if train and (event.epoch, event.iteration) == self.at:
+            self.interrupter.stop("test stop")
+
+
+@pytest.mark.parametrize("epoch", [1, 2])
+def test_a_resumed_run_says_where_it_resumes(tmp_path, loaders, quiet, epoch):
+    def builder():
+        return (
+            LearnerBuilder(tmp_path)
+            .metric_train_numeric(AccuracyMetric())
+            .with_file_checkpointer(DefaultRecorder())
+            .num_epochs(3)
+            .renderer(quiet)
+        )
+
+    first = builder()
+    first.listener(StopAt(first.interrupter(), epoch, 3))
+    first.build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
+    quiet.stream_text.truncate(0)
+    quiet.stream_text.seek(0)
+    builder().checkpoint("latest").build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
+    first_line = quiet.stream_text.getvalue().splitlines()[0]
+    assert first_line.startswith(f"resuming at epoch {epoch}/3, iteration 3: Classifier")
+
+
+def test_text_metrics_get_no_chart():
+    tracker = RunTracker()
+    info = RunInfo(
+        "dir",
+        1,
+        2,
+        "Model",
+        10,
+        ("cpu",),
+        metrics=(("train", "Loss", "", True), ("train", "Note", "", False)),
+    )
+    tracker.start(info)
+    progress = Progress("train", 1, 2, 2, 4, 64, 1.0)
+    records = [MetricRecord("Loss", 1, 0.5, 32), MetricRecord("Note", 1, 1.0, 32)]
+    tracker.update(progress, [], records)
+    tracker.update(progress, [], [MetricRecord("Custom", 2, 3.0, 32)])  # not registered
+    assert tracker.names == ["Loss", "Custom"]  # "Note" is text: shown, never plotted
+
+
+def test_a_second_fit_does_not_touch_the_first_runs_files(tmp_path, loaders, quiet):
+    learner = (
+        LearnerBuilder(tmp_path, overwrite=True)
+        .metric_train(LossMetric())
+        .renderer(quiet)
+        .build(Classifier(), AdamConfig().init(), 1e-2)
+    )
+    learner.fit(*loaders)
+    before = (tmp_path / "experiment.log").read_text()
+    with pytest.raises(TrainingError, match="already called"):
+        learner.fit(*loaders)
+    assert (tmp_path / "experiment.log").read_text() == before
