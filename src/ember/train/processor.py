@@ -226,9 +226,22 @@ class MetricsProcessor:
     def _gather(self, dist: Any, records: list[MetricRecord]) -> None:
         """Several processes: rank 0 receives every other rank's rows of this split's
         epoch, adds them to its states and to `records` (so the files hold every
-        sample's line and their weighted mean is the global epoch value)."""
+        sample's line and their weighted mean is the global epoch value).
+
+        Each row travels with its iteration number. The processes step together, so
+        iteration i of every rank is the same step: its records all carry i. The rows
+        a rank drained now have their iterations in `records`; the ones drained at
+        earlier ticks (whose records only rank 0 kept) are the iterations just before,
+        one row per iteration."""
         states = self.states.get(self._split, ())
-        mine = {state.name: state.rows[state.shared :] for state in states}
+        mine: dict[str, list[tuple[int, float, float]]] = {}
+        for state in states:
+            rows = state.rows[state.shared :]
+            latest = [record.iteration for record in records if record.name == state.name]
+            first = latest[0] if latest else self._iteration + 1
+            earlier = len(rows) - len(latest)
+            iterations = [*range(first - earlier, first), *latest]
+            mine[state.name] = [(i, value, weight) for i, (value, weight) in zip(iterations, rows)]
         everyone = dist.all_gather((self._items, mine))
         for state in states:
             state.shared = len(state.rows)
@@ -237,11 +250,11 @@ class MetricsProcessor:
         self._items = sum(items for items, _ in everyone)
         for _, rows_of_rank in everyone[1:]:
             for state in states:
-                rows = rows_of_rank.get(state.name, [])
-                state.add_rows(rows)
+                numbered = rows_of_rank.get(state.name, [])
+                state.add_rows([(value, weight) for _, value, weight in numbered])
                 records.extend(
-                    MetricRecord(state.name, index, value, weight)
-                    for index, (value, weight) in enumerate(rows, start=1)
+                    MetricRecord(state.name, iteration, value, weight)
+                    for iteration, value, weight in numbered
                 )
                 state.shared = len(state.rows)
 

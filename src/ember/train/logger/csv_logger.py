@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
 from pathlib import Path
 from typing import IO, Any, Sequence
 
 from ember.errors import EmberError
 from ember.train.artifacts import format_value, format_weight
-from ember.train.logger.base import MetricRecord
+from ember.train.logger.base import MetricRecord, RunStart
 
 CSV_HEADER = ("split", "epoch", "iteration", "metric", "value", "weight", "kind")
 
@@ -22,6 +23,12 @@ class CsvMetricLogger:
     back as the same floats). Rows are flushed at every call. An existing file with the
     same header is continued (a last row torn by a kill is dropped first); a file with
     another header is refused rather than mixed into.
+
+    A resumed run (`start_run`) first cuts the file back to the rows logged before its
+    checkpoint, so the rows it logs again are not repeated: the kept rows are written
+    to a temporary file that then replaces the file, so a kill leaves either file
+    whole. Under several processes each iteration has one row per process, every one
+    with the iteration's number.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -57,6 +64,29 @@ class CsvMetricLogger:
             self._rows.writerow(CSV_HEADER)
         return handle
 
+    def start_run(self, run: RunStart) -> None:
+        """A resumed run: drop the rows that came after its checkpoint."""
+        if not run.resumed:
+            return
+        self.close()
+        self._check_existing()
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        data = self.path.read_bytes()
+        data = data[: data.rfind(b"\n") + 1]  # without a last row torn by a kill
+        text = data.decode("utf-8", errors="surrogateescape")
+        lines = csv.reader(io.StringIO(text, newline=""))
+        header = next(lines, None)
+        kept = [row for row in lines if _kept(row, run)]
+        out = io.StringIO()
+        rows = csv.writer(out, lineterminator="\n")
+        rows.writerow(header or CSV_HEADER)
+        rows.writerows(kept)
+        if out.getvalue() != text or len(data) != self.path.stat().st_size:
+            from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
+
+            atomic_write_bytes(self.path, out.getvalue().encode("utf-8", errors="surrogateescape"))
+
     def log(self, split: str, epoch: int, records: Sequence[MetricRecord]) -> None:
         """Write one `iteration` row per record and flush."""
         handle = self._open()
@@ -88,6 +118,17 @@ class CsvMetricLogger:
         if self._handle is not None:
             self._handle.close()
             self._handle, self._rows = None, None
+
+
+def _kept(row: list[str], run: RunStart) -> bool:
+    """Whether a row written before a resumed run stays (a row that does not parse stays)."""
+    if len(row) != len(CSV_HEADER):
+        return True
+    split, epoch, iteration, kind = row[0], row[1], row[2], row[6]
+    try:
+        return run.keeps(split, int(epoch), int(iteration) if kind == "iteration" else None)
+    except ValueError:
+        return True
 
 
 def _drop_torn_row(path: Path) -> None:

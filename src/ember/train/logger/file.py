@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from pathlib import Path
 from typing import IO, Sequence
 
@@ -16,7 +18,7 @@ from ember.train.artifacts import (
     read_metric_log,
     weighted_mean,
 )
-from ember.train.logger.base import MetricRecord
+from ember.train.logger.base import MetricRecord, RunStart
 
 __all__ = [
     "FileMetricLogger",
@@ -27,6 +29,8 @@ __all__ = [
     "weighted_mean",
 ]
 
+_EPOCH_DIR = re.compile(r"epoch-(\d+)")
+
 
 class FileMetricLogger:
     """Writes each metric's iteration values under `directory/epoch-N/<name>.log`.
@@ -34,6 +38,11 @@ class FileMetricLogger:
     Lines are appended and flushed at every call, so the files follow the run within
     the renderer's tick. A file cut short by a kill has at most one torn last line,
     which `read_metric_log` ignores.
+
+    A resumed run (`start_run`) removes the `epoch-N` folders after the epoch it
+    resumes in (all of that epoch's too when it resumes at its start). The lines of an
+    epoch resumed in its middle are cut by the learner, which knows from the
+    checkpoint how many lines each of its own files had.
     """
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
@@ -52,6 +61,18 @@ class FileMetricLogger:
             handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the epoch
             self._files[key] = handle
         return handle
+
+    def start_run(self, run: RunStart) -> None:
+        """A resumed run: remove the epoch folders that came after its checkpoint."""
+        if not run.resumed:
+            return
+        self.close()
+        if not self.directory.is_dir():
+            return
+        for entry in self.directory.iterdir():
+            match = _EPOCH_DIR.fullmatch(entry.name)
+            if match and int(match.group(1)) > run.kept_epochs() and entry.is_dir():
+                shutil.rmtree(entry)
 
     def log(self, split: str, epoch: int, records: Sequence[MetricRecord]) -> None:
         lines: dict[str, list[str]] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from typing import Any, Mapping, Sequence
@@ -11,14 +12,16 @@ from pydantic import BaseModel
 
 from ember.config import Config
 from ember.errors import EmberError
-from ember.train.logger._steps import GlobalSteps
-from ember.train.logger.base import MetricRecord
+from ember.train.logger._steps import GlobalSteps, ProcessMerge
+from ember.train.logger.base import MetricRecord, RunStart
 
 log = logging.getLogger(__name__)
 
 MAX_KEY_LENGTH = 250
 METRICS_PER_BATCH = 1000
 PARAMS_PER_BATCH = 100
+MAX_TAG_LENGTH = 5000
+STEPS_TAG = "ember.steps"
 _REFUSED = re.compile(r"[^A-Za-z0-9_\-. /]")
 
 
@@ -77,6 +80,19 @@ class MlflowMetricLogger:
     `"valid/Accuracy _top-1_"`. Params (an ember `Config` or a dict) are flattened by
     `flatten_params`; when attaching, params the run already holds with the same value
     are skipped and a changed value is an error. `close()` ends the run as FINISHED, once.
+
+    The run's tag `ember.steps` holds the number of iterations of each finished epoch
+    per split, so that a resumed run attached with `run_id` (`start_run`) places its
+    steps after the earlier ones. MLflow cannot remove a logged value, so a resumed
+    run does not send again a value the run already holds at the same step (an exact
+    resume computes the same one). A value that differs from the one held is sent and
+    named in a warning (the run then holds both), and values held after the point the
+    resumed run ended are named in a warning at `close()`.
+
+    Under several processes, each iteration's values from every process become one
+    value at the iteration's step: their weighted mean. The other processes' values
+    reach this logger when the processes exchange them (at each split's epoch end and
+    when a run stops), so an epoch's iteration values are sent then.
     """
 
     def __init__(
@@ -104,6 +120,11 @@ class MlflowMetricLogger:
         self.run_id: str = run.info.run_id
         self.experiment_id: str = run.info.experiment_id
         self._steps = GlobalSteps()
+        self._merge = ProcessMerge()
+        self._run: RunStart | None = None
+        self._held: dict[str, dict[int, list[float]]] = {}  # key -> step -> values, on resume
+        self._differ: set[str] = set()
+        self._tagged: str | None = None
         self._keys: dict[tuple[str, str, bool], str] = {}
         self._owners: dict[str, tuple[str, str]] = {}
         self._closed = False
@@ -180,34 +201,94 @@ class MlflowMetricLogger:
         for start in range(0, len(pending), METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=pending[start : start + METRICS_PER_BATCH])
 
+    def start_run(self, run: RunStart) -> None:
+        """Before training: a resumed run continues the steps after the ones it keeps
+        and learns which values the MLflow run already holds after that point."""
+        self._check_open()
+        if run == self._run:
+            return  # told twice before logging anything
+        self._run = run
+        self._merge = ProcessMerge(run.processes)
+        if not run.resumed:
+            return
+        data = self.client.get_run(self.run_id).data
+        ours = {key: where for key in data.metrics if (where := _split_of(key)) is not None}
+        text = data.tags.get(STEPS_TAG)
+        if text:
+            try:
+                self._steps = GlobalSteps.from_text(text)
+            except ValueError as error:
+                raise EmberError(
+                    f"MLflow run {self.run_id}: the tag {STEPS_TAG} cannot be read ({error}), "
+                    "so the resumed run cannot place its steps after the earlier ones."
+                ) from None
+        elif ours:
+            log.warning(
+                "MLflow run %s holds metrics but no %s tag: the resumed run's steps start again "
+                "at 1 and values of the resumed epochs may be held twice.",
+                self.run_id,
+                STEPS_TAG,
+            )
+            return
+        self._steps.resume(run)
+        self._held = {}
+        for key, (split, epoch_level) in ours.items():
+            last = run.epoch - 1 if epoch_level else self._steps.last(split)
+            later: dict[int, list[float]] = {}
+            for metric in self.client.get_metric_history(self.run_id, key):
+                if metric.step > last:
+                    later.setdefault(metric.step, []).append(metric.value)
+            if later:
+                self._held[key] = later
+        self._save_steps()
+
     def log(self, split: str, epoch: int, records: Sequence[MetricRecord]) -> None:
-        """Buffer the records at their global steps; send when `interval` has passed."""
+        """Buffer the records (one per iteration under several processes) at their
+        global steps; send when `interval` has passed."""
         self._check_open()
         now = int(time.time() * 1000)
-        metric = self._metric
-        self._pending.extend(
-            metric(
-                self._key(split, record.name, False),
-                float(record.value),
-                now,
-                self._steps.step(split, epoch, record.iteration),
-            )
-            for record in records
-        )
+        for record_epoch, record in self._merge.add(split, epoch, records):
+            self._add(split, record_epoch, record, now)
         due = time.monotonic() - self._sent_at >= self.interval
         if due or len(self._pending) >= METRICS_PER_BATCH:
             self.flush()
 
+    def _add(self, split: str, epoch: int, record: MetricRecord, now: int) -> None:
+        step = self._steps.step(split, epoch, record.iteration)
+        self._queue(self._key(split, record.name, False), float(record.value), now, step)
+
+    def _queue(self, key: str, value: float, now: int, step: int) -> None:
+        held = self._held.get(key)
+        if held is not None and step in held:
+            values = held.pop(step)
+            if not held:
+                del self._held[key]
+            if any(v == value or (math.isnan(v) and math.isnan(value)) for v in values):
+                return  # the run holds it already
+            if key not in self._differ:
+                self._differ.add(key)
+                log.warning(
+                    "MLflow run %s held %s = %r at step %d from before the resume; the resumed "
+                    "run gives %r, which is sent too (MLflow cannot replace a logged value).",
+                    self.run_id,
+                    key,
+                    values[0],
+                    step,
+                    value,
+                )
+        self._pending.append(self._metric(key, value, now, step))
+
     def end_epoch(self, split: str, epoch: int, aggregates: dict[str, float]) -> None:
         """Add the epoch aggregates at step = epoch and send everything buffered."""
         self._check_open()
-        self._steps.end_epoch(split, epoch)
         now = int(time.time() * 1000)
-        self._pending.extend(
-            self._metric(self._key(split, name, True), float(value), now, epoch)
-            for name, value in aggregates.items()
-        )
+        for record_split, record_epoch, record in self._merge.release(split):
+            self._add(record_split, record_epoch, record, now)
+        self._steps.end_epoch(split, epoch)
+        for name, value in aggregates.items():
+            self._queue(self._key(split, name, True), float(value), now, epoch)
         self.flush()
+        self._save_steps()
 
     def close(self) -> None:
         """Send what is buffered and end the run with status FINISHED (once)."""
@@ -215,9 +296,49 @@ class MlflowMetricLogger:
             return
         self._closed = True
         try:
+            now = int(time.time() * 1000)
+            for split, epoch, record in self._merge.release():
+                self._add(split, epoch, record, now)
             self.flush()
+            self._save_steps()
+            if self._held:
+                later = ", ".join(
+                    f"{key} at step {min(steps)}" + (f"..{max(steps)}" if len(steps) > 1 else "")
+                    for key, steps in sorted(self._held.items())
+                )
+                log.warning(
+                    "MLflow run %s still holds values logged before the resume after the point "
+                    "where this run ended (%s); MLflow cannot remove logged values.",
+                    self.run_id,
+                    later,
+                )
         finally:
             self.client.set_terminated(self.run_id, status="FINISHED")
+
+    def _save_steps(self) -> None:
+        """Keep the finished epochs' lengths in the run's `ember.steps` tag."""
+        text = self._steps.to_text()
+        if text == self._tagged:
+            return
+        self._tagged = text
+        if len(text) > MAX_TAG_LENGTH:
+            log.warning(
+                "MLflow run %s: the epoch lengths no longer fit in the tag %s (%d characters); "
+                "a run resumed from a later epoch cannot place its steps.",
+                self.run_id,
+                STEPS_TAG,
+                len(text),
+            )
+            return
+        self.client.set_tag(self.run_id, STEPS_TAG, text)
+
+
+def _split_of(key: str) -> tuple[str, bool] | None:
+    """(split, is an epoch value) of a key this logger writes; None for another key."""
+    split, _, rest = key.partition("/")
+    if split not in ("train", "valid") or not rest:
+        return None
+    return split, rest.startswith("epoch/")
 
 
 def _import_mlflow() -> Any:
