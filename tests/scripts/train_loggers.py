@@ -47,28 +47,6 @@ class Pausing(Classifier):
         return super().train_step(batch)
 
 
-def start_loggers_in_the_learner() -> None:
-    """Until the learner tells its loggers where a run starts, tell them here, at the
-    point where the learner creates its loggers."""
-    from ember.train import learner as learner_module
-
-    if hasattr(learner_module, "start_loggers"):
-        return
-    from ember.train.logger import RunStart, start_loggers
-
-    original = learner_module.Learner._loggers
-
-    def _loggers(self, main):
-        loggers = original(self, main)
-        start = self.checkpoints.resume_point().position
-        processes = self.dist.world if self.dist is not None else 1
-        run = RunStart(start.epoch, start.iteration, not start.fresh, processes)
-        start_loggers(loggers, run)
-        return loggers
-
-    learner_module.Learner._loggers = _loggers
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("dir")
@@ -82,7 +60,6 @@ def main() -> None:
     args = parser.parse_args()
     directory = Path(args.dir)
     directory.mkdir(parents=True, exist_ok=True)
-    start_loggers_in_the_learner()
 
     torch.set_num_threads(1)
     ember.seed(9)

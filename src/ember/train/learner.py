@@ -29,7 +29,7 @@ from ember.train.guard import LossGuard
 from ember.train.history import RunHistory
 from ember.train.lock import RunLock
 from ember.train.logger.application import FileApplicationLogger
-from ember.train.logger.base import MetricLogger
+from ember.train.logger.base import MetricLogger, RunStart, start_loggers
 from ember.train.logger.file import FileMetricLogger
 from ember.train.options import LearnerOptions
 from ember.train.position import Position
@@ -200,6 +200,10 @@ class Learner:
         self.optim.lr.resolve(self.total_steps)
         reason = "failed"
         try:
+            processes = dist.world if dist is not None else 1
+            start_loggers(
+                loggers, RunStart(start.epoch, start.iteration, not start.fresh, processes)
+            )
             with signal_handlers(self.interrupter):
                 self.checkpoints.restore(resume, self.model, self.optim, dist)
                 info = run_info(self, start)
