@@ -216,7 +216,8 @@ def test_a_directory_holding_a_run_is_not_mixed_with_a_new_one(tmp_path, loaders
         *loaders
     )
     with pytest.raises(
-        TrainingError, match=r"already holds a run.*checkpoint\(n\).*overwrite=True"
+        TrainingError,
+        match=r"already holds a run \(logs of 1 epoch\(s\)\)\. It saved no checkpoint.*overwrite=True",
     ):
         guide_builder(tmp_path, quiet, epochs=1).build(Classifier(), AdamConfig().init(), 1e-2).fit(
             *loaders

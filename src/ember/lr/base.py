@@ -60,9 +60,9 @@ class LrDriver:
     def before_step(self) -> float:
         """Set and return the learning rate of the coming optimizer step."""
         if self.is_torch:
-            self.last_lr = float(self.optimizer.param_groups[0]["lr"])
+            self.last_lr = _checked(float(self.optimizer.param_groups[0]["lr"]), self.scheduler)
             return self.last_lr
-        lr = float(self.scheduler.step())
+        lr = _checked(float(self.scheduler.step()), self.scheduler)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.last_lr = lr
@@ -107,3 +107,14 @@ class ConstantLr:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.lr = float(state["lr"])
+
+
+def _checked(lr: float, scheduler: Any) -> float:
+    """A learning rate a step can use: finite and >= 0."""
+    if not (math.isfinite(lr) and lr >= 0):
+        raise TrainingError(
+            f"{type(scheduler).__name__} gave the learning rate {lr!r} for the next step; a "
+            "rate must be a finite number >= 0. Check the schedule's settings (a factor or a "
+            "step that drives it below 0)."
+        )
+    return lr

@@ -208,11 +208,21 @@ class Artifacts:
             checkpoints = self.checkpoints
             has_checkpoints = checkpoints.is_dir() and any(checkpoints.iterdir())
             if (previous or has_checkpoints) and not overwrite:
+                epochs = {epoch for split in SPLITS for epoch in self.epoch_dirs(split)}
+                if has_checkpoints:
+                    fix = (
+                        "Resume it with checkpoint('latest') (and the recorder that wrote its "
+                        "checkpoints), replace it with LearnerBuilder(dir, overwrite=True), or "
+                        "choose a new directory."
+                    )
+                else:
+                    fix = (
+                        "It saved no checkpoint to resume from: replace it with "
+                        "LearnerBuilder(dir, overwrite=True), or choose a new directory."
+                    )
                 raise TrainingError(
-                    f"{self.root} already holds a run ({len(previous)} epoch log folder(s)"
-                    f"{', checkpoints' if has_checkpoints else ''}). Resume it with "
-                    "checkpoint(n), replace it with LearnerBuilder(dir, overwrite=True), or "
-                    "choose a new directory."
+                    f"{self.root} already holds a run (logs of {len(epochs)} epoch(s)"
+                    f"{', checkpoints' if has_checkpoints else ''}). {fix}"
                 )
             if overwrite:  # a new run: nothing of an earlier one is kept (a failed one included)
                 for path in [*splits, checkpoints]:

@@ -14,7 +14,7 @@ from ember.errors import ConfigError
 from ember.lr.base import ConstantLr, LrDriver, StepsUnknown
 from ember.train.artifacts import Artifacts
 from ember.train.checkpoint.base import Checkpointer
-from ember.train.checkpoint.file import FileCheckpointer
+from ember.train.checkpoint.file import FileCheckpointer, other_checkpoint_formats
 from ember.train.checkpoint.strategy import (
     CheckpointingStrategy,
     ComposedCheckpointingStrategy,
@@ -76,6 +76,7 @@ class LearnerBuilder:
         self._strategy: CheckpointingStrategy | None = None
         self._on_checkpoint_error = "stop"
         self._compile: dict[str, Any] | None = None
+        self._resume_hyperparameters = "checkpoint"
 
     # Metrics -----------------------------------------------------------------
     def _add_metric(self, split: str, metric: Any, numeric: bool) -> LearnerBuilder:
@@ -207,10 +208,28 @@ class LearnerBuilder:
         self._strategy = strategy
         return self
 
-    def checkpoint(self, epoch: int | str) -> LearnerBuilder:
-        """Resume from the checkpoint of `epoch` (or `"latest"`, the newest one, which
-        may be a run stopped mid-epoch) and continue right after it."""
+    def checkpoint(
+        self, epoch: int | str, *, hyperparameters: str = "checkpoint"
+    ) -> LearnerBuilder:
+        """Resume from the checkpoint of `epoch` (or `"latest"`, the newest one that loads,
+        which may be a run stopped mid-epoch) and continue right after it. The optimizer
+        must be of the checkpoint's class. Its hyperparameters (and a constant learning
+        rate) are the checkpoint's unless `hyperparameters="new"`; every difference is
+        logged either way."""
+        if isinstance(epoch, str) and epoch != "latest":
+            hint = (
+                " (did you mean 'latest'?)" if epoch.lower() in ("last", "newest", "recent") else ""
+            )
+            raise ConfigError(
+                f"checkpoint() takes an epoch number or 'latest', got {epoch!r}{hint}."
+            )
+        if hyperparameters not in ("checkpoint", "new"):
+            raise ConfigError(
+                "checkpoint(hyperparameters=...) takes 'checkpoint' (the checkpoint's "
+                f"optimizer settings win) or 'new' (this run's win), got {hyperparameters!r}."
+            )
         self._checkpoint = epoch if epoch == "latest" else _positive_int(epoch, "checkpoint")
+        self._resume_hyperparameters = hyperparameters
         return self
 
     def compile(self, **options: Any) -> LearnerBuilder:
@@ -321,6 +340,7 @@ class LearnerBuilder:
             early_stopping=self._early_stopping,
             nonfinite_loss=self._nonfinite,
             compile=self._compile,
+            resume_hyperparameters=self._resume_hyperparameters,
         )
         return Learner(options)
 
@@ -342,17 +362,38 @@ class LearnerBuilder:
             )
         available = checkpointer.epochs()
         listing = ", ".join(map(str, available)) if available else "none"
-        if self._checkpoint == "latest":
-            if not available:
-                raise ConfigError(
-                    f"checkpoint('latest'): there is no complete checkpoint in "
-                    f"{checkpointer}. Start without checkpoint()."
-                )
-        elif self._checkpoint not in available:
-            raise ConfigError(
-                f"checkpoint({self._checkpoint}): there is no checkpoint of epoch "
-                f"{self._checkpoint} in {checkpointer} (epochs saved: {listing})."
+        if self._checkpoint == "latest" and available:
+            return
+        if self._checkpoint != "latest" and self._checkpoint in available:
+            return
+        what = (
+            "there is no complete checkpoint"
+            if self._checkpoint == "latest"
+            else f"there is no checkpoint of epoch {self._checkpoint}"
+        )
+        saved = "" if self._checkpoint == "latest" else f" (epochs saved: {listing})"
+        raise ConfigError(
+            f"checkpoint({self._checkpoint!r}): {what} in {checkpointer}{saved}. "
+            + self._resume_fix(available)
+        )
+
+    def _resume_fix(self, available: list[int]) -> str:
+        """The one thing that works from here: another recorder, another epoch, or a new run."""
+        artifacts = Artifacts(self._artifact_dir)
+        other = other_checkpoint_formats(artifacts.checkpoints, self._recorder)
+        if other:
+            return (
+                f"The checkpoints there were written in another format ({other}): resume "
+                "with that recorder in with_file_checkpointer(...)."
             )
+        if available:
+            return f"Resume with one of the epochs saved, e.g. checkpoint({available[-1]})."
+        if any(artifacts.epoch_dirs(split) for split in ("train", "valid")):
+            return (
+                "The directory holds a run that saved no checkpoint: start it again with "
+                "LearnerBuilder(dir, overwrite=True), or train in another directory."
+            )
+        return "Start without checkpoint()."
 
 
 def _check_available(device: torch.device) -> None:

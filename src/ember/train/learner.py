@@ -11,6 +11,7 @@ listeners only receive what the loop hands them.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, Iterable, Mapping
 
 import torch
@@ -67,6 +68,7 @@ class Learner:
             options.resume_from,
             options.on_checkpoint_error,
             self.run_history,
+            options.resume_hyperparameters,
         )
         self.guard = LossGuard(
             options.nonfinite_loss, self.device, last_checkpoint=self.checkpoints.last_good
@@ -167,45 +169,42 @@ class Learner:
     def _run(
         self, train: Iterable[Any], valid: Iterable[Any] | None, restore_best: bool
     ) -> torch.nn.Module:
-        """Prepare the directory, the loggers and the processes; train; close."""
+        """Check and restore everything, then prepare the directory, the loggers and the
+        processes; train; close. Nothing on disk changes before the resumed state loads."""
         dist = self.dist
         main = dist is None or dist.main
+        _check_not_empty(train, "training", "fit(train, ...)")
+        if valid is not None:
+            _check_not_empty(valid, "validation", "fit(train) without validation data")
         resume = self.checkpoints.resume_point()
         start = resume.position
+        shard = (dist.rank, dist.world) if dist is not None else None
+        train_plan = BatchPlanner(train, self.grads_accumulation, shard)
+        valid_plan = BatchPlanner(valid, 1, shard) if valid is not None else None
+        self._count_steps(train_plan)
+        notes = [*resume.notes, *self.checkpoints.restore(resume, self.model, self.optim, dist)]
         if main:
             self.artifacts.prepare(start.kept_epochs(), self.options.overwrite)
         self._load_history(resume, main)
         app_log = FileApplicationLogger(self.artifacts.experiment_log)
         if self.options.application_log and main:
             app_log.install()
-        for note in resume.notes:
-            log.warning("%s", note)
         loggers = self._loggers(main)
         complete = start.epoch > self.num_epochs  # a finished run resumed: nothing to show
         renderer = self.renderer if main and not complete else SilentRenderer()
-        processor = MetricsProcessor(self.metrics, loggers, renderer, self.num_epochs)
-        shard = (dist.rank, dist.world) if dist is not None else None
-        train_plan = BatchPlanner(train, self.grads_accumulation, shard)
-        valid_plan = BatchPlanner(valid, 1, shard) if valid is not None else None
-        if dist is not None:
-            self._prepare_processes(dist, processor, train_plan, valid_plan)
-        self.steps_per_epoch = train_plan.steps_per_epoch()
-        if self.steps_per_epoch is not None:
-            self.total_steps = self.steps_per_epoch * self.num_epochs
-        if self.optim.lr.pending is not None and self.total_steps is None:
-            raise TrainingError(
-                "The learning-rate schedule counts the run's optimizer steps ('auto'), but the "
-                "training loader has no length. Give the schedule its step count instead."
-            )
-        self.optim.lr.resolve(self.total_steps)
         reason = "failed"
         try:
+            for note in notes:
+                resumed = note.startswith(("Resumed from", "Resuming from"))
+                log.log(logging.INFO if resumed else logging.WARNING, "%s", note)
+            processor = MetricsProcessor(self.metrics, loggers, renderer, self.num_epochs)
+            if dist is not None:
+                self._prepare_processes(dist, processor, train_plan, valid_plan)
             processes = dist.world if dist is not None else 1
             start_loggers(
                 loggers, RunStart(start.epoch, start.iteration, not start.fresh, processes)
             )
             with signal_handlers(self.interrupter):
-                self.checkpoints.restore(resume, self.model, self.optim, dist)
                 info = run_info(self, start)
                 log.info("%s", describe_run(self, info))
                 self.run_history.describe_model(info.model_name, info.num_parameters)
@@ -223,6 +222,7 @@ class Learner:
                 renderer.start(info)
                 self._emit(Start(start.epoch, self.num_epochs, str(self.artifact_dir)))
                 reason = self._epochs(processor, train_plan, valid_plan, resume)
+                self.checkpoints.finish()  # the last checkpoint is on disk, or the run failed
             self.outcome = reason
             log.info("Training %s after epoch %d.", reason, self.epoch)
             if restore_best:
@@ -235,6 +235,7 @@ class Learner:
                 reason = "interrupted"
                 log.error("Training interrupted (KeyboardInterrupt) at %s.", where)
             else:
+                reason = "failed"
                 log.exception("Training failed at %s.", where)
             self.outcome = reason
             raise
@@ -242,6 +243,18 @@ class Learner:
             self._close(loggers, renderer, reason)
             app_log.uninstall()
         return self.model
+
+    def _count_steps(self, train: BatchPlanner) -> None:
+        """The run's optimizer steps, and the schedule that waits for them ("auto")."""
+        self.steps_per_epoch = train.steps_per_epoch()
+        if self.steps_per_epoch is not None:
+            self.total_steps = self.steps_per_epoch * self.num_epochs
+        if self.optim.lr.pending is not None and self.total_steps is None:
+            raise TrainingError(
+                "The learning-rate schedule counts the run's optimizer steps ('auto'), but the "
+                "training loader has no length. Give the schedule its step count instead."
+            )
+        self.optim.lr.resolve(self.total_steps)
 
     # The loop --------------------------------------------------------------------
     def _epochs(
@@ -290,7 +303,11 @@ class Learner:
                 self.checkpoints.check()
         self.guard.flush()
         if self.iteration == start.iteration:
-            raise TrainingError(f"The training data loader yielded no batch in epoch {epoch}.")
+            raise TrainingError(
+                f"The training data loader yielded no batch in epoch {epoch}. Check that its "
+                "dataset is not empty and that drop_last with a batch size larger than the "
+                "dataset does not drop every sample."
+            )
         if stop and self.iteration != plan.total:
             processor.flush(dist)  # the logs hold every finished iteration
             return None
@@ -317,9 +334,11 @@ class Learner:
                 if iteration == check:
                     check_train_output(self.model, output)
                     processor.check("train", output.item, epoch)
-                finite = guard.check(output.loss, epoch, iteration) and finite
+                ok = guard.check(output.loss, epoch, iteration)
+                finite = ok and finite
                 optim.backward(output.loss, step.shares[index])
-            processor.update(output.item, iteration, step.sizes[index], lr)
+            if ok:  # a skipped non-finite batch stays out of the epoch's metrics
+                processor.update(output.item, iteration, step.sizes[index], lr)
             if self.listeners:
                 self._emit(ProcessedItem("train", epoch, iteration, total, output.item, lr))
         return finite
@@ -329,11 +348,12 @@ class Learner:
             self.optim.step()
             return
         self.optim.skip()
-        log.warning(
-            "Skipped the optimizer step at epoch %d, iteration %d: non-finite loss.",
-            epoch,
-            self.iteration,
+        message = (
+            f"Skipped the optimizer step at epoch {epoch}, iteration {self.iteration}: "
+            "non-finite loss (nonfinite_loss('skip'))."
         )
+        log.warning("%s", message)
+        print(f"ember: {message}", file=sys.stderr)
 
     def _stop_requested(self, step: Step) -> bool:
         """A graceful stop after this step; several processes stop at the same step,
@@ -504,6 +524,19 @@ class Learner:
     def _emit(self, event: Any) -> None:
         for listener in self.listeners:
             listener.on_event(event)
+
+
+def _check_not_empty(loader: Iterable[Any], what: str, fix: str) -> None:
+    """A loader whose length is 0 is refused before anything starts."""
+    try:
+        empty = len(loader) == 0  # type: ignore[arg-type]
+    except TypeError:
+        return  # no length: an empty one is found at its first epoch
+    if empty:
+        raise TrainingError(
+            f"The {what} data loader is empty (0 batches): give it data (check the dataset, "
+            f"and drop_last with a batch size larger than the dataset), or call {fix}."
+        )
 
 
 def _world_size(devices: list[torch.device] | None) -> int:

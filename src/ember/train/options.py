@@ -50,5 +50,7 @@ class LearnerOptions:
     summary: bool
     early_stopping: EarlyStoppingStrategy | None
     nonfinite_loss: Any
+    resume_hyperparameters: str = "checkpoint"
+    """On resume, whose optimizer hyperparameters win: "checkpoint" or "new"."""
     compile: Mapping[str, Any] | None = None
     """The `torch.compile` options the model was compiled with, or None."""

@@ -126,3 +126,29 @@ class FileCheckpointer:
         """Remove every part of `epoch`, the scheduler part first (missing parts are fine)."""
         for part in ("scheduler", "model", "optim"):
             self.path(part, epoch).unlink(missing_ok=True)
+
+
+_RECORDERS = {
+    "mpk": "DefaultRecorder() (or NamedMpkFileRecorder())",
+    "mpk.gz": "CompactRecorder() (or NamedMpkGzFileRecorder())",
+    "bin": "BinFileRecorder()",
+    "bin.gz": "SensitiveCompactRecorder() (or BinGzFileRecorder())",
+    "json": "PrettyJsonFileRecorder()",
+    "json.gz": "JsonGzFileRecorder()",
+    "safetensors": "SafetensorsFileRecorder()",
+}
+
+
+def other_checkpoint_formats(directory: str | os.PathLike[str], recorder: Any) -> str:
+    """The recorders that wrote the checkpoints in `directory`, when `recorder` did not
+    write them (e.g. "epochs 1, 2 as mpk.gz: CompactRecorder() ..."); "" otherwise."""
+    mine = getattr(recorder, "file_extension", None)
+    found = []
+    for extension, name in _RECORDERS.items():
+        if extension == mine:
+            continue
+        epochs = checkpoint_epochs(directory, "scheduler", extension)
+        if epochs:
+            listing = ", ".join(map(str, epochs))
+            found.append(f"epochs {listing} as .{extension}: {name}")
+    return "; ".join(found)

@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ember.errors import TrainingError
+from ember.lr.base import ConstantLr
 from ember.rng import capture_rng_state, restore_rng_state
 from ember.train.checkpoint.base import PARTS, Checkpointer
 from ember.train.checkpoint.strategy import CheckpointingStrategy, apply_retention
@@ -51,8 +52,10 @@ class CheckpointPolicy:
         resume_from: int | str | None,
         on_error: str,
         history: RunHistory,
+        hyperparameters: str = "checkpoint",
     ) -> None:
         self.checkpointer = checkpointer
+        self.hyperparameters = hyperparameters
         self.strategy = strategy
         self.resume_from = resume_from
         self.on_error = on_error
@@ -107,16 +110,30 @@ class CheckpointPolicy:
                 return f"{type(error).__name__}: {error}"
         return None
 
-    def restore(self, resume: Resume, model: torch.nn.Module, optim: Any, dist: Any) -> None:
-        """Put the model, optimizer, schedules and random generators back as saved."""
+    def restore(self, resume: Resume, model: torch.nn.Module, optim: Any, dist: Any) -> list[str]:
+        """Put the model, optimizer, schedules and random generators back as saved; return
+        what a user should read in the log (the first line says where the run resumes).
+        Another optimizer class than the checkpoint's is refused before anything loads;
+        changed hyperparameters follow `hyperparameters` ("checkpoint": its values win,
+        "new": this run's values win) and every difference is listed."""
         state = resume.state
         if state is None or self.checkpointer is None:
-            return
+            return []
         learner = state["learner"]
         saved_epoch = int(learner["epoch"])
+        optimizer = optim.optimizer
+        saved_class = learner.get("optimizer")
+        if saved_class is not None and saved_class != type(optimizer).__name__:
+            raise TrainingError(
+                f"The checkpoint of epoch {saved_epoch} was written by a run with "
+                f"{saved_class} and this run uses {type(optimizer).__name__}: resume with "
+                f"{saved_class}, or start a new run (LearnerBuilder(dir, overwrite=True))."
+            )
+        given = _settings(optimizer, optim.lr.scheduler)
         self.checkpointer.load(saved_epoch, "model", model)
-        self.checkpointer.load(saved_epoch, "optim", optim.optimizer)
+        self.checkpointer.load(saved_epoch, "optim", optimizer)
         optim.load_state_dict(state)
+        saved = _settings(optimizer, optim.lr.scheduler)
         ranks = learner.get("rng_ranks")
         if dist is not None and ranks is not None and len(ranks) == dist.world:
             restore_rng_state(ranks[dist.rank])
@@ -125,7 +142,26 @@ class CheckpointPolicy:
         where = f"epoch {saved_epoch}" + (
             "" if resume.position.iteration == 0 else f", iteration {resume.position.iteration}"
         )
-        log.info("Resumed from the checkpoint of %s.", where)
+        notes = [f"Resumed from the checkpoint of {where}."]
+        changed = [
+            f"{key} {given[key]!r} (checkpoint {saved[key]!r})"
+            for key in given
+            if key in saved and given[key] != saved[key]
+        ]
+        if changed:
+            if self.hyperparameters == "new":
+                _apply(optimizer, optim.lr.scheduler, given)
+                notes.append(
+                    "This run's hyperparameters replace the checkpoint's "
+                    f"(hyperparameters='new'): {'; '.join(changed)}."
+                )
+            else:
+                notes.append(
+                    "The checkpoint's hyperparameters are kept over this run's: "
+                    f"{'; '.join(changed)}. Pass checkpoint(..., hyperparameters='new') to "
+                    "train on with this run's."
+                )
+        return notes
 
     # Saving -------------------------------------------------------------------------
     def save(
@@ -141,7 +177,11 @@ class CheckpointPolicy:
         if self.checkpointer is None:
             return
         rng = capture_rng_state()
-        learner: dict[str, Any] = {**position.state(), "rng": rng}
+        learner: dict[str, Any] = {
+            **position.state(),
+            "rng": rng,
+            "optimizer": type(optim.optimizer).__name__,
+        }
         if lines is not None:
             learner["log_lines"] = lines
         if dist is not None:
@@ -170,6 +210,15 @@ class CheckpointPolicy:
                 checkpointer.wait()
         except Exception as error:
             self._failed(error)
+
+    def finish(self) -> None:
+        """The end of training: the last checkpoint is on disk, or its failure is handled
+        like any other (the run fails, naming the last complete checkpoint)."""
+        if self.checkpointer is not None:
+            try:
+                self.checkpointer.wait()
+            except Exception as error:
+                self._failed(error)
 
     def check(self) -> None:
         """Surface a background write's failure (stop, or log with "warn")."""
@@ -211,8 +260,13 @@ class CheckpointPolicy:
         if self.on_error == "warn":
             log.error("%s Training goes on (on_checkpoint_error='warn').", message)
             return
+        then = (
+            "resume with checkpoint('latest')"
+            if latest is not None
+            else "start the run again with LearnerBuilder(dir, overwrite=True)"
+        )
         raise TrainingError(
-            message + " Free disk space or fix permissions, then resume with checkpoint('latest')."
+            f"{message} Free disk space or fix permissions, then {then}."
         ) from error
 
     # The best epoch -----------------------------------------------------------------
@@ -261,3 +315,32 @@ class CheckpointPolicy:
             best,
             self.strategy,
         )
+
+
+_NOT_SETTINGS = ("params", "initial_lr")
+
+
+def _settings(optimizer: torch.optim.Optimizer, scheduler: Any) -> dict[str, Any]:
+    """The hyperparameters a run chose: each param group's (but the parameters), and a
+    constant learning rate (other schedules own the rate)."""
+    settings = {
+        f"group {index} {key}" if len(optimizer.param_groups) > 1 else key: value
+        for index, group in enumerate(optimizer.param_groups)
+        for key, value in group.items()
+        if key not in _NOT_SETTINGS and not (key == "lr" and not isinstance(scheduler, ConstantLr))
+    }
+    if isinstance(scheduler, ConstantLr):
+        settings["lr"] = scheduler.lr
+    return settings
+
+
+def _apply(optimizer: torch.optim.Optimizer, scheduler: Any, settings: dict[str, Any]) -> None:
+    """Write `settings` (from `_settings`) back into the param groups and the schedule."""
+    single = len(optimizer.param_groups) == 1
+    for index, group in enumerate(optimizer.param_groups):
+        for key in list(group):
+            name = key if single else f"group {index} {key}"
+            if name in settings and key not in _NOT_SETTINGS:
+                group[key] = settings[name]
+    if isinstance(scheduler, ConstantLr) and "lr" in settings:
+        scheduler.lr = float(settings["lr"])

@@ -6,6 +6,8 @@ import logging
 import os
 from pathlib import Path
 
+from ember.errors import EmberError
+
 LOGGER_NAME = "ember"
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -20,8 +22,15 @@ class FileApplicationLogger:
         self._previous_level: int | None = None
 
     def install(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(self.path, mode="a", encoding="utf-8")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handler = logging.FileHandler(self.path, mode="a", encoding="utf-8")
+        except OSError as error:
+            raise EmberError(
+                f"Cannot write the run's log {self.path}: {error.strerror or error}. Fix the "
+                "file's permissions (or remove it), free disk space, or train in another "
+                "directory."
+            ) from None
         handler.setLevel(self.level)
         handler.setFormatter(logging.Formatter(FORMAT))
         logger = logging.getLogger(LOGGER_NAME)
