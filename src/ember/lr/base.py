@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Mapping, Protocol, runtime_checkable
 
 import torch
 
@@ -27,21 +27,38 @@ class LrScheduler(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-class LrDriver:
-    """Applies a scheduler to an optimizer once per optimizer step.
+Interval = Literal["step", "epoch"]
 
-    ember schedulers: the rate is written into every param group before the step.
+
+class LrDriver:
+    """Applies a scheduler to an optimizer, once per optimizer step (`interval="step"`,
+    the default) or once per epoch (`interval="epoch"`, as many published scripts step
+    `StepLR`).
+
+    ember schedulers: the rate is written into every param group before the step (with
+    the epoch interval, the rate of the epoch, taken at its first step).
     `torch.optim.lr_scheduler` objects: they set the rate themselves; ember steps them
-    after each optimizer step, as PyTorch expects.
+    after each optimizer step, or at each epoch end, as PyTorch expects.
+    `ReduceLROnPlateau` always steps at epoch end, with the epoch value of `monitor`
+    (split, metric name).
     """
 
     def __init__(
-        self, scheduler: Any, optimizer: torch.optim.Optimizer, pending: Any = None
+        self,
+        scheduler: Any,
+        optimizer: torch.optim.Optimizer,
+        pending: Any = None,
+        interval: Interval = "step",
+        monitor: tuple[str, str] = ("valid", "Loss"),
     ) -> None:
         self.scheduler = scheduler
         self.pending = pending
         """A scheduler config waiting for the run's step count (an "auto" inside)."""
         self.optimizer = optimizer
+        self.plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        self.interval: Interval = "epoch" if self.plateau else interval
+        self.monitor = monitor
+        self._epoch_lr: float | None = None
         self.is_torch = isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)
         if self.is_torch and scheduler.optimizer is not optimizer:
             raise TrainingError(
@@ -62,18 +79,72 @@ class LrDriver:
         if self.is_torch:
             self.last_lr = _checked(float(self.optimizer.param_groups[0]["lr"]), self.scheduler)
             return self.last_lr
+        if self.interval == "epoch" and self._epoch_lr is not None:
+            return self._epoch_lr
         lr = _checked(float(self.scheduler.step()), self.scheduler)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.last_lr = lr
+        if self.interval == "epoch":
+            self._epoch_lr = lr
         return lr
 
     def after_step(self) -> None:
-        if self.is_torch:
+        if self.is_torch and self.interval == "step":
             self.scheduler.step()
 
+    def end_epoch(self, values: Mapping[str, Mapping[str, float]]) -> None:
+        """An epoch ended (`values`: its epoch values per split): step an epoch-wise
+        schedule, before the epoch's checkpoint so that it holds the decision."""
+        if self.interval != "epoch":
+            return
+        if not self.is_torch:
+            self._epoch_lr = None  # the next epoch's first step takes the next rate
+        elif self.plateau:
+            split, name = self.monitor
+            value = values.get(split, {}).get(name)
+            if value is None:
+                raise TrainingError(
+                    f"ReduceLROnPlateau steps on the epoch value of {split} {name!r}, which "
+                    "this run does not compute. Register that metric, or name another with "
+                    "LearnerBuilder.lr_monitor(metric, split)."
+                )
+            self.scheduler.step(value)
+        else:
+            self.scheduler.step()
+
+    def check_interval(self, steps_per_epoch: int | None) -> str | None:
+        """A warning when a torch schedule written to be stepped once per epoch would
+        decay by more than 100x within the first epoch at the step interval."""
+        scheduler = self.scheduler
+        if self.interval != "step" or not self.is_torch or not steps_per_epoch:
+            return None
+        lr = torch.optim.lr_scheduler
+        factor = None
+        if isinstance(scheduler, lr.StepLR):
+            factor = scheduler.gamma ** (steps_per_epoch // scheduler.step_size)
+        elif isinstance(scheduler, lr.ExponentialLR):
+            factor = scheduler.gamma**steps_per_epoch
+        elif isinstance(scheduler, lr.MultiStepLR):
+            passed = sum(n for m, n in scheduler.milestones.items() if m <= steps_per_epoch)
+            factor = scheduler.gamma**passed
+        elif isinstance(scheduler, lr.CosineAnnealingLR) and scheduler.T_max < steps_per_epoch:
+            factor = 0.0
+        if factor is None or factor >= 0.01:
+            return None
+        name = type(scheduler).__name__
+        return (
+            f"{name} is stepped after every optimizer step ({steps_per_epoch} per epoch), so "
+            f"the rate falls by more than 100x within the first epoch. If it is meant to be "
+            f"stepped once per epoch, as scripts usually step {name}, give its interval: "
+            "build(model, optimizer, (scheduler, 'epoch'))."
+        )
+
     def state_dict(self) -> dict[str, Any]:
-        return {"type": type(self.scheduler).__name__, "state": self.scheduler.state_dict()}
+        state = {"type": type(self.scheduler).__name__, "state": self.scheduler.state_dict()}
+        if self._epoch_lr is not None:
+            state["epoch_lr"] = self._epoch_lr
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         expected = type(self.scheduler).__name__
@@ -84,6 +155,10 @@ class LrDriver:
                 f"this run uses {expected}. Resume with the scheduler the run was started with."
             )
         self.scheduler.load_state_dict(state["state"])
+        self._epoch_lr = state.get("epoch_lr")
+        if self._epoch_lr is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self._epoch_lr
 
 
 class ConstantLr:

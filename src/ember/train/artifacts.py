@@ -4,7 +4,7 @@
 ARTIFACT_DIR/
 ├── experiment.log              human text (Python logging)
 ├── history.json                exact epoch values, checkpoint epochs, outcome (history.py)
-├── .lock                       the pid and host of the run using the directory
+├── .lock                       the run using the directory (host, pid, start time, boot id)
 ├── checkpoint/                 the file checkpointer's records
 ├── train/epoch-N/<Metric>.log  one "value,weight" line per iteration
 └── valid/epoch-N/<Metric>.log

@@ -77,6 +77,7 @@ class LearnerBuilder:
         self._on_checkpoint_error = "stop"
         self._compile: dict[str, Any] | None = None
         self._resume_hyperparameters = "checkpoint"
+        self._monitor: tuple[str, str] | None = None
 
     # Metrics -----------------------------------------------------------------
     def _add_metric(self, split: str, metric: Any, numeric: bool) -> LearnerBuilder:
@@ -232,6 +233,14 @@ class LearnerBuilder:
         self._resume_hyperparameters = hyperparameters
         return self
 
+    def lr_monitor(self, metric: Any, split: str = "valid") -> LearnerBuilder:
+        """The epoch value a metric-driven schedule (`ReduceLROnPlateau`) steps on
+        (default: the validation Loss, or the training Loss without validation metrics)."""
+        if split not in ("train", "valid"):
+            raise ConfigError(f"lr_monitor(split=...) takes 'train' or 'valid', got {split!r}.")
+        self._monitor = (split, metric if isinstance(metric, str) else str(metric.name))
+        return self
+
     def compile(self, **options: Any) -> LearnerBuilder:
         """Compile the model with `torch.compile` (`options` are its keyword arguments,
         e.g. `mode="max-autotune"`, `backend="inductor"`). The module is compiled in
@@ -299,12 +308,13 @@ class LearnerBuilder:
         model.to(device)
         if self._compile is not None:
             model.compile(**self._compile)
+        lr, interval = _interval(lr)
         scheduler, pending = _scheduler(lr)
         torch_optimizer = _bind_optimizer(optimizer, model, _initial_lr(scheduler))
         optimization = Optimization(
             model,
             torch_optimizer,
-            LrDriver(scheduler, torch_optimizer, pending),
+            LrDriver(scheduler, torch_optimizer, pending, interval, self._lr_monitor()),
             device,
             self._mixed_precision,  # type: ignore[arg-type]
             self._clip_norm,
@@ -343,6 +353,13 @@ class LearnerBuilder:
             resume_hyperparameters=self._resume_hyperparameters,
         )
         return Learner(options)
+
+    def _lr_monitor(self) -> tuple[str, str]:
+        if self._monitor is not None:
+            return self._monitor
+        if any(entry.name == "Loss" for entry in self._metrics["valid"]):
+            return ("valid", "Loss")
+        return ("train", "Loss")
 
     def _retention(self) -> CheckpointingStrategy:
         if self._strategy is not None:
@@ -425,6 +442,18 @@ def _model_device(model: torch.nn.Module) -> torch.device:
     for tensor in model.parameters():
         return tensor.device
     return torch.device("cpu")
+
+
+def _interval(lr: Any) -> tuple[Any, Any]:
+    """`(scheduler, "step" | "epoch")`, or a scheduler alone (stepped per optimizer step)."""
+    if isinstance(lr, tuple):
+        if len(lr) != 2 or lr[1] not in ("step", "epoch"):
+            raise ConfigError(
+                f"build() got the tuple {lr!r} as learning rate: give (scheduler, 'step') or "
+                "(scheduler, 'epoch'), the interval at which the scheduler is stepped."
+            )
+        return lr[0], lr[1]
+    return lr, "step"
 
 
 def _scheduler(lr: Any) -> tuple[Any, Any]:

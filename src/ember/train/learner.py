@@ -80,6 +80,7 @@ class Learner:
         self.iteration = 0
         self.items = 0
         self._fitted = False
+        self._run_lock: RunLock | None = None
         self.steps_per_epoch: int | None = None
         """Optimizer steps per epoch (every process, gradient accumulation counted), set
         when `fit` starts; `steps(train)` tells it before."""
@@ -142,6 +143,7 @@ class Learner:
         self.dist = setup(self.devices, self.options.distributed_timeout)
         main = self.dist is None or self.dist.main
         lock = RunLock(self.artifacts.lock) if main else None
+        self._run_lock = lock
         failed = True
         try:
             if lock is not None:
@@ -181,14 +183,17 @@ class Learner:
         shard = (dist.rank, dist.world) if dist is not None else None
         train_plan = BatchPlanner(train, self.grads_accumulation, shard)
         valid_plan = BatchPlanner(valid, 1, shard) if valid is not None else None
-        self._count_steps(train_plan)
-        notes = [*resume.notes, *self.checkpoints.restore(resume, self.model, self.optim, dist)]
+        notes = self._count_steps(train_plan)
+        self._check_monitor()
+        notes += [*resume.notes, *self.checkpoints.restore(resume, self.model, self.optim, dist)]
         if main:
             self.artifacts.prepare(start.kept_epochs(), self.options.overwrite)
         self._load_history(resume, main)
         app_log = FileApplicationLogger(self.artifacts.experiment_log)
         if self.options.application_log and main:
             app_log.install()
+        if main and self._run_lock is not None and self._run_lock.takeover_message:
+            log.warning("%s", self._run_lock.takeover_message)  # in experiment.log too
         loggers = self._loggers(main)
         complete = start.epoch > self.num_epochs  # a finished run resumed: nothing to show
         renderer = self.renderer if main and not complete else SilentRenderer()
@@ -244,8 +249,21 @@ class Learner:
             app_log.uninstall()
         return self.model
 
-    def _count_steps(self, train: BatchPlanner) -> None:
-        """The run's optimizer steps, and the schedule that waits for them ("auto")."""
+    def _check_monitor(self) -> None:
+        """A metric-driven schedule needs its metric registered: said before training."""
+        lr = self.optim.lr
+        if lr.plateau:
+            split, name = lr.monitor
+            if not any(entry.name == name for entry in self.metrics.get(split, ())):
+                raise TrainingError(
+                    f"ReduceLROnPlateau steps on the epoch value of {split} {name!r}, which "
+                    "this run does not register. Register that metric, or name another with "
+                    "LearnerBuilder.lr_monitor(metric, split)."
+                )
+
+    def _count_steps(self, train: BatchPlanner) -> list[str]:
+        """The run's optimizer steps, and the schedule that waits for them ("auto");
+        returns a warning about the schedule's interval, if any."""
         self.steps_per_epoch = train.steps_per_epoch()
         if self.steps_per_epoch is not None:
             self.total_steps = self.steps_per_epoch * self.num_epochs
@@ -255,6 +273,8 @@ class Learner:
                 "training loader has no length. Give the schedule its step count instead."
             )
         self.optim.lr.resolve(self.total_steps)
+        warning = self.optim.lr.check_interval(self.steps_per_epoch)
+        return [warning] if warning else []
 
     # The loop --------------------------------------------------------------------
     def _epochs(
@@ -391,6 +411,7 @@ class Learner:
                 text = ", ".join(f"{name} {value!r}" for name, value in split_values.items())
                 log.info("Epoch %d %s: %s", epoch, split, text)
         self.run_history.add_epoch(epoch, values)
+        self.optim.lr.end_epoch(values)  # an epoch-wise schedule steps before the checkpoint
         reason = None
         stop = self.interrupter.should_stop()
         if self.dist is not None:
