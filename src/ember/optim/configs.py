@@ -46,7 +46,10 @@ def _adam_factory(config: Any, optimizer: Any) -> OptimizerFactory:
 
 
 class AdamConfig(Config):
-    """Adam (Kingma & Ba); `weight_decay` adds L2 to the gradients, as torch's Adam does."""
+    """Adam (Kingma & Ba); `weight_decay` adds L2 to the gradients, as torch's Adam does.
+
+    `epsilon` defaults to 1e-5, as in Burn, not torch's 1e-8: pass `epsilon=1e-8` to
+    reproduce a script written with `torch.optim.Adam`'s defaults."""
 
     beta_1: float = Field(0.9, ge=0.0, lt=1.0)
     beta_2: float = Field(0.999, ge=0.0, lt=1.0)
