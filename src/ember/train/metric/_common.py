@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import torch
 
 from ember.errors import ConfigError, TrainingError
@@ -36,16 +38,55 @@ def percent_correct(correct: torch.Tensor, mask: torch.Tensor | None = None) -> 
     return MetricValue(hits * 100.0 / count.clamp(min=1).to(dtype), count)
 
 
+class FirstBatch:
+    """The value checks of a metric's inputs, made on the first update after each
+    `reset()` (metrics reset it in `clear()`, at the start of every epoch).
+
+    Shapes are host metadata and are checked at every update, for free; values (class
+    ids within range, probabilities within [0, 1]...) live on the device. While `due`,
+    a metric adds one boolean tensor per check, True when the check fails, and
+    `verify()` reads them all in one transfer: one read per epoch, none per step. A
+    model that returns the wrong values fails on its first batch, before the first
+    optimizer step.
+    """
+
+    def __init__(self) -> None:
+        self.due = True
+        self._checks: list[tuple[torch.Tensor, Callable[[], str]]] = []
+
+    def reset(self) -> None:
+        """Check the values again on the next update."""
+        self.due = True
+        self._checks = []
+
+    def add(self, failed: torch.Tensor, message: Callable[[], str]) -> None:
+        """A check: `failed` is a boolean tensor, True when the values are wrong;
+        `message()` (called only then) says what is wrong and how to fix it."""
+        if self.due:
+            self._checks.append((failed.reshape(()), message))
+
+    def verify(self) -> None:
+        """Read the checks added since the last reset (once) and raise a `TrainingError`
+        with the message of the first that failed."""
+        if not self.due:
+            return
+        checks, self._checks = self._checks, []
+        if checks:
+            failed = torch.stack([flag for flag, _ in checks]).tolist()  # one transfer
+            for bad, (_, message) in zip(failed, checks):
+                if bad:
+                    raise TrainingError(message())
+        self.due = False
+
+
 class Probabilities:
     """Reads the scores of a binary or multi-label metric as probabilities.
 
     With `from_logits=True` the scores are logits and a sigmoid turns them into
     probabilities. Otherwise they must already lie in [0, 1]: thresholding logits at
     0.5 would silently move the decision to a probability of about 0.62. The range is
-    checked on the first batch after each `reset()` (metrics reset it in `clear()`, at
-    the start of every epoch), which reads one boolean from the device per epoch
-    rather than one per step; a model whose outputs are logits fails on its first
-    batch, before the first optimizer step.
+    one of the metric's first-batch checks (`FirstBatch`): a model whose outputs are
+    logits fails on its first batch, before the first optimizer step.
     """
 
     def __init__(self, from_logits: bool, owner: str) -> None:
@@ -53,42 +94,200 @@ class Probabilities:
             raise ConfigError(f"{owner}: from_logits must be True or False, got {from_logits!r}.")
         self.from_logits = from_logits
         self.owner = owner
-        self._checked = False
-
-    def reset(self) -> None:
-        """Check the range again on the next batch."""
-        self._checked = False
 
     def __call__(
-        self, scores: torch.Tensor, metric: str, keep: torch.Tensor | None = None
+        self,
+        scores: torch.Tensor,
+        metric: str,
+        checks: FirstBatch,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`scores` as probabilities: their sigmoid (in at least float32) with
-        `from_logits`, else the scores themselves once their range is checked. Rows
+        `from_logits`, else the scores themselves, their range added to `checks`. Rows
         where `keep` [N] is False (padding) are left out of the check."""
         if self.from_logits:
             if scores.dtype in (torch.float16, torch.bfloat16):
                 scores = scores.float()  # half precision would round most probabilities
             return scores.sigmoid()
-        if not self._checked:
-            check_probabilities(scores, metric, self.owner, keep)
-            self._checked = True
+        if checks.due:
+            checks.add(
+                _masked_any((scores < 0) | (scores > 1), keep),
+                lambda: _logits_message(scores, metric, self.owner),
+            )
         return scores
 
 
-def check_probabilities(
-    scores: torch.Tensor, metric: str, owner: str, keep: torch.Tensor | None = None
-) -> None:
-    """Raise a `TrainingError` naming `from_logits=True` when `scores` hold values
-    outside [0, 1] (rows where `keep` [N] is False aside). Reads one boolean from the
-    device."""
-    outside = (scores < 0) | (scores > 1)
+def _masked_any(failed: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Whether `failed` holds a True in a row where `keep` [N] is True (all rows: None)."""
     if keep is not None:
-        outside = outside & keep.reshape(keep.shape + (1,) * (outside.dim() - keep.dim()))
-    if not bool(outside.any()):
-        return
+        failed = failed & keep.reshape(keep.shape + (1,) * (failed.dim() - keep.dim()))
+    return failed.any()
+
+
+def _logits_message(scores: torch.Tensor, metric: str, owner: str) -> str:
     low, high = float(scores.min()), float(scores.max())
-    raise TrainingError(
+    return (
         f"{metric} reads probabilities in [0, 1], but a batch holds scores from {low:.4g} "
         f"to {high:.4g}: the outputs look like logits (as for BCEWithLogitsLoss). Pass "
         f"from_logits=True to {owner} to apply a sigmoid, or give it probabilities."
     )
+
+
+# -- input checks ---------------------------------------------------------------------
+def dims(shape: Sequence[int]) -> str:
+    """A shape as users write it: [32, 4]."""
+    return "[" + ", ".join(str(int(size)) for size in shape) + "]"
+
+
+def who(owner: str, name: str) -> str:
+    """How messages name a metric: its constructor, and its name when that differs
+    (`HammingScoreMetric ('Hamming Score')`, `AccuracyMetric`)."""
+    return owner if name in owner else f"{owner} ({name!r})"
+
+
+def is_integral(tensor: torch.Tensor) -> bool:
+    """Integer or boolean dtype: what class ids and token ids are stored as."""
+    return not tensor.is_floating_point() and not tensor.is_complex()
+
+
+def _rows(metric: str, expects: str, output: torch.Tensor, targets: torch.Tensor) -> None:
+    if output.shape[0] != targets.shape[0]:
+        raise TrainingError(
+            f"{metric} reads {expects}; got outputs {dims(output.shape)} and targets "
+            f"{dims(targets.shape)}: they must hold one row per sample, but hold "
+            f"{output.shape[0]} and {targets.shape[0]} rows."
+        )
+
+
+def check_binary(
+    metric: str, expects: str, output: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """Targets [N] or [N, 1] for binary outputs of N rows; returns them as [N].
+
+    `expects` says what the metric reads, for the message."""
+    if targets.dim() == 2 and targets.shape[1] == 1:
+        targets = targets.reshape(-1)
+    elif targets.dim() != 1:
+        fix = "give one 0/1 target per row, [N]"
+        if targets.dim() == 2 and targets.shape[1] > 1:
+            fix = (
+                "targets of several columns (one-hot or multi-label) need a multiclass or "
+                "multi-label metric and outputs of one column per class; binary scores "
+                "take one 0/1 target per row, [N]"
+            )
+        raise TrainingError(
+            f"{metric} reads {expects}; got outputs {dims(output.shape)} and targets "
+            f"{dims(targets.shape)}: {fix}."
+        )
+    _rows(metric, expects, output, targets)
+    return targets
+
+
+def check_classes(metric: str, expects: str, output: torch.Tensor, targets: torch.Tensor) -> None:
+    """Class-index targets [N], integers, for outputs [N, C]."""
+    got = f"got outputs {dims(output.shape)} and targets {dims(targets.shape)}"
+    if targets.dim() != 1:
+        if targets.dim() == 2 and targets.shape[1] == 1:
+            fix = "squeeze the targets (targets.view(-1)) to one class index per row"
+        elif targets.shape == output.shape:
+            fix = (
+                "these look like one-hot (or probability) targets: pass class indices, "
+                "not one-hot targets (targets.argmax(dim=1)), or, for a multi-label "
+                "task, a MultiLabelClassificationOutput and a multi-label metric"
+            )
+        else:
+            fix = "give one class index per row of the outputs"
+        raise TrainingError(f"{metric} reads {expects}; {got}: {fix}.")
+    _rows(metric, expects, output, targets)
+    if not is_integral(targets):
+        raise TrainingError(
+            f"{metric} reads {expects}; {got} of dtype {dtype_name(targets)}: class indices are "
+            "integers, pass targets.long()."
+        )
+    if output.shape[-1] == 0:
+        raise TrainingError(f"{metric} reads {expects}; {got}: the outputs have no class.")
+
+
+def check_same_shape(
+    metric: str, expects: str, output: torch.Tensor, targets: torch.Tensor, dim: int | None = 2
+) -> None:
+    """Multi-label scores and 0/1 targets of one shape ([N, C] when `dim` is 2)."""
+    if output.shape == targets.shape and (output.dim() == dim if dim else output.dim() >= 1):
+        return
+    got = f"got outputs {dims(output.shape)} and targets {dims(targets.shape)}"
+    if output.dim() == 2 and targets.dim() == 1 and targets.shape[0] == output.shape[0]:
+        fix = (
+            "these look like class indices: use a single-label metric (e.g. "
+            "PrecisionMetric.multiclass()), or one-hot targets "
+            "(F.one_hot(targets, num_classes))"
+        )
+    elif output.dim() == 2 and targets.dim() == 2 and output.shape[0] == targets.shape[0]:
+        fix = "give one 0/1 target per score: the outputs and targets need as many columns"
+    elif output.dim() >= 1 and targets.dim() >= 1 and output.shape[0] != targets.shape[0]:
+        fix = (
+            f"they must hold one row per sample, but hold {output.shape[0]} and "
+            f"{targets.shape[0]} rows"
+        )
+    else:
+        fix = "reshape them to [N, C], one row per sample and one column per label"
+    raise TrainingError(f"{metric} reads {expects}; {got}: {fix}.")
+
+
+def dtype_name(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def add_class_range(
+    checks: FirstBatch,
+    metric: str,
+    output: torch.Tensor,
+    targets: torch.Tensor,
+    keep: torch.Tensor | None,
+) -> None:
+    """A first-batch check: class indices in [0, C) for outputs [N, C] (rows where
+    `keep` is False aside)."""
+    if not checks.due:
+        return
+    classes = int(output.shape[-1])
+    shape = dims(output.shape)
+    outside = (targets < 0) | (targets >= classes)
+    if keep is not None:
+        outside = outside & keep
+
+    def message() -> str:
+        values = (targets if keep is None else targets[keep]).long()
+        low, high = int(values.min()), int(values.max())
+        return (
+            f"{metric} reads class indices in [0, {classes}) for outputs {shape} "
+            f"({classes} classes); a batch holds targets from {low} to {high}. Give the "
+            "model one output column per class, or, if some targets are padding, name the "
+            "padding id with pad_token."
+        )
+
+    checks.add(outside.any(), message)
+
+
+def add_unit_range(
+    checks: FirstBatch,
+    metric: str,
+    targets: torch.Tensor,
+    keep: torch.Tensor | None = None,
+    exact: bool = False,
+    hint: str = "Targets of more classes need a multiclass metric.",
+) -> None:
+    """A first-batch check: binary or multi-label targets in [0, 1] (0 or 1 when
+    `exact`), rows where `keep` [N] is False aside."""
+    if not checks.due:
+        return
+    outside = ((targets != 0) & (targets != 1)) if exact else ((targets < 0) | (targets > 1))
+
+    def message() -> str:
+        values = (targets if keep is None else targets[keep]).double()
+        low, high = float(values.min()), float(values.max())
+        wanted = "0 or 1" if exact else "in [0, 1] (positive above 0.5)"
+        return (
+            f"{metric} reads targets {wanted}; a batch holds targets {dims(targets.shape)} "
+            f"from {low:g} to {high:g}. {hint}"
+        )
+
+    checks.add(_masked_any(outside, keep), message)

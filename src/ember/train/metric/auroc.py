@@ -8,9 +8,24 @@ from typing import Any
 import torch
 
 from ember.errors import TrainingError
-from ember.train.metric._common import Probabilities, wide_float
+from ember.train.metric._common import (
+    FirstBatch,
+    Probabilities,
+    add_class_range,
+    add_unit_range,
+    check_binary,
+    check_classes,
+    check_same_shape,
+    dims,
+    wide_float,
+)
 from ember.train.metric.base import MetricMetadata, MetricValue, Number
 from ember.train.metric.inputs import ScoresInput
+
+_WHO = "AurocMetric ('AUROC')"
+_BINARY = "binary scores [N] or [N, 1] (or two-class logits [N, 2]) and 0/1 targets [N]"
+_SINGLE = "scores [N] or [N, C] and class-index targets [N]"
+_MULTILABEL = "scores and 0/1 targets of one shape, [N, C]"
 
 
 def rank_auroc(
@@ -69,6 +84,12 @@ class AurocMetric:
     go through a softmax with `from_logits=True`; without it, a batch already in
     [0, 1] is read as probabilities and any other batch goes through a softmax (as in
     torchmetrics).
+
+    Shapes are checked at every update: binary scores against targets [N] (or
+    [N, 1]), scores [N, C >= 3] against integer class indices [N], multi-label scores
+    and targets of one shape [N, C], and the same number of columns all epoch. Values
+    are checked on the first batch of every epoch: class indices within [0, C),
+    binary and multi-label targets within [0, 1].
     """
 
     name = "AUROC"
@@ -79,12 +100,20 @@ class AurocMetric:
     def __init__(self, *, from_logits: bool = False) -> None:
         self.from_logits = from_logits
         self._probabilities = Probabilities(from_logits, "AurocMetric()")
+        self._checks = FirstBatch()
         self._scores: list[torch.Tensor] = []
         self._positive: list[torch.Tensor] = []
         self._valid: list[torch.Tensor | None] = []
 
     def update(self, input: ScoresInput, meta: MetricMetadata) -> MetricValue:
         scores, positive, valid = self._columns(input)
+        if self._scores and self._scores[0].shape[1] != scores.shape[1]:
+            raise TrainingError(
+                f"{_WHO} ranks {self._scores[0].shape[1]} score columns this epoch, but a "
+                f"batch has outputs {dims(input.output.shape)} with {scores.shape[1]}: every "
+                "batch needs the same number of output columns."
+            )
+        self._checks.verify()
         self._scores.append(scores)
         self._positive.append(positive)
         self._valid.append(valid)
@@ -109,7 +138,7 @@ class AurocMetric:
 
     def clear(self) -> None:
         self._scores, self._positive, self._valid = [], [], []
-        self._probabilities.reset()
+        self._checks.reset()
 
     def epoch_state(self) -> tuple[list[Any], list[Any], list[Any]]:
         """This process's scores (exchanged when training on several processes)."""
@@ -132,25 +161,30 @@ class AurocMetric:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Scores [N, K], positives [N, K] and the rows kept [N] (None: all)."""
         output, targets = input.output.detach(), input.targets
+        checks = self._checks
         if input.multilabel:
-            if output.dim() != 2 or output.shape != targets.shape:
-                raise TrainingError(
-                    f"{self.name} (multilabel) needs scores and targets of the same shape "
-                    f"[N, C]; got {tuple(output.shape)} and {tuple(targets.shape)}."
-                )
+            check_same_shape(_WHO, _MULTILABEL, output, targets)
             self._check_range(output, None)
+            add_unit_range(checks, _WHO, targets, hint=_CLASSES_HINT)
             # A copy: the stored scores must outlive a reused output buffer.
             return output.to(torch.float32, copy=True), targets > 0.5, None
+        if output.dim() == 1 or (output.dim() == 2 and output.shape[-1] in (1, 2)):
+            targets = check_binary(_WHO, _BINARY, output, targets)
+        elif output.dim() == 2:
+            check_classes(_WHO, _SINGLE, output, targets)
         valid = None if input.pad_token is None else targets != input.pad_token
         if output.dim() == 1 or (output.dim() == 2 and output.shape[-1] == 1):
             self._check_range(output.reshape(-1), valid)
+            add_unit_range(checks, _WHO, targets, valid, hint=_BINARY_HINT)
             scores = output.reshape(-1, 1).to(torch.float32, copy=True)
             positive = (targets > 0.5).reshape(-1, 1)
         elif output.dim() == 2 and output.shape[-1] == 2:
+            add_unit_range(checks, _WHO, targets, valid, hint=_BINARY_HINT)
             # softmax(x)[1] = sigmoid(x1 - x0): the difference ranks like the probability.
             scores = (output[:, 1] - output[:, 0]).unsqueeze(-1).float()
             positive = (targets > 0.5).unsqueeze(-1)
         elif output.dim() == 2:
+            add_class_range(checks, _WHO, output, targets, valid)
             output = output.float()
             if self.from_logits:
                 scores = output.softmax(dim=-1)
@@ -161,7 +195,9 @@ class AurocMetric:
             positive = targets.unsqueeze(-1) == classes
         else:
             raise TrainingError(
-                f"{self.name} needs scores [N], [N, 1] or [N, C]; got shape {tuple(output.shape)}."
+                f"{_WHO} reads {_SINGLE}; got outputs {dims(output.shape)} and targets "
+                f"{dims(targets.shape)}: flatten sequences (outputs.view(-1, C), "
+                "targets.view(-1))."
             )
         if valid is not None:
             positive = positive & valid.unsqueeze(-1)
@@ -171,7 +207,11 @@ class AurocMetric:
         """Probabilities must lie in [0, 1] (checked on an epoch's first batch); logits
         are ranked as they are, since a sigmoid keeps their order."""
         if not self.from_logits:
-            self._probabilities(scores, self.name, valid)
+            self._probabilities(scores, self.name, self._checks, valid)
+
+
+_BINARY_HINT = "Targets of more classes need outputs [N, C], one column per class."
+_CLASSES_HINT = "Class indices need a single-label output (ClassificationOutput)."
 
 
 def _moved(tensors: list[Any], device: Any) -> list[Any]:

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import torch
+
+from ember.errors import TrainingError
+from ember.train.metric._common import dims
 from ember.train.metric.base import MetricMetadata, MetricValue
 from ember.train.metric.inputs import LossInput
 
 
 class LossMetric:
-    """The step's loss, weighted by its batch size in the epoch mean."""
+    """The step's loss, weighted by its batch size in the epoch mean.
+
+    Reads a scalar loss: a tensor of one element, or a number. A loss of several
+    elements (from a loss function with `reduction="none"`) raises a `TrainingError`.
+    """
 
     name = "Loss"
     unit = ""
@@ -15,7 +23,21 @@ class LossMetric:
     input_type = LossInput
 
     def update(self, input: LossInput, meta: MetricMetadata) -> MetricValue:
-        return MetricValue(input.loss.detach(), input.batch_size)
+        loss = input.loss
+        if isinstance(loss, torch.Tensor):
+            if loss.numel() != 1:
+                raise TrainingError(
+                    f"LossMetric reads a scalar loss, one number per step; got a loss of "
+                    f"shape {dims(loss.shape)}: reduce it (loss.mean(), or a loss function "
+                    "with its default reduction)."
+                )
+            value = loss.detach()
+            return MetricValue(value.reshape(()) if value.dim() else value, input.batch_size)
+        if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+            return MetricValue(float(loss), input.batch_size)
+        raise TrainingError(
+            f"LossMetric reads a scalar loss, a tensor or a number; got a {type(loss).__name__}."
+        )
 
     def clear(self) -> None:
         pass

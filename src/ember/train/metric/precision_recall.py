@@ -20,6 +20,13 @@ first batch of an epoch raise a `TrainingError`: a threshold of 0.5 on logits wo
 silently mean a probability of about 0.62. Two-class outputs [N, 2] are always
 logits (softmax), and multiclass predictions (the top classes) are the same for
 logits and probabilities.
+
+Inputs are checked: shapes at every update (binary scores [N] / [N, 1] or logits
+[N, 2] against targets [N]; multiclass scores [N, C] against integer class indices
+[N]; multi-label scores and targets of one shape [N, C]), values on the first batch
+of every epoch (class indices within [0, C), binary and multi-label targets within
+[0, 1]). A wrong input raises a `TrainingError` saying what the metric reads and
+what it got.
 """
 
 from __future__ import annotations
@@ -30,7 +37,18 @@ from typing import Literal, TypeVar
 import torch
 
 from ember.errors import ConfigError, TrainingError
-from ember.train.metric._common import Probabilities, wide_float
+from ember.train.metric._common import (
+    FirstBatch,
+    Probabilities,
+    add_class_range,
+    add_unit_range,
+    check_binary,
+    check_classes,
+    check_same_shape,
+    dims,
+    who,
+    wide_float,
+)
 from ember.train.metric.base import MetricMetadata, MetricValue, Number
 from ember.train.metric.inputs import ClassificationInput, MultiLabelInput
 
@@ -40,6 +58,11 @@ Reduction = Literal["macro", "micro"]
 _MODES = ("binary", "multiclass", "multilabel")
 _REDUCTIONS = ("macro", "micro")
 _T = TypeVar("_T", bound="_ConfusionMetric")
+_EXPECTS = {
+    "binary": "scores [N] or [N, 1] (or two-class logits [N, 2]) and 0/1 targets [N]",
+    "multiclass": "outputs [N, C] and class-index targets [N]",
+    "multilabel": "scores and 0/1 targets of one shape, [N, C]",
+}
 
 
 class _ConfusionMetric:
@@ -77,6 +100,8 @@ class _ConfusionMetric:
         self.name = name if name is not None else self._label
         self.from_logits = from_logits
         self._probabilities = Probabilities(from_logits, f"{cls}.{mode}()")
+        self._who = who(f"{cls}.{mode}()", self.name)
+        self._checks = FirstBatch()
         self._total: torch.Tensor | None = None
 
     # -- the protocol -------------------------------------------------------------
@@ -89,7 +114,16 @@ class _ConfusionMetric:
             counts, weight = self._multiclass_counts(input)  # type: ignore[arg-type]
         else:
             counts, weight = self._binary_counts(input)  # type: ignore[arg-type]
-        self._total = counts if self._total is None else self._total + counts
+        if self._total is None:
+            self._total = counts
+        elif self._total.shape == counts.shape:
+            self._total = self._total + counts
+        else:
+            raise TrainingError(
+                f"{self._who} counts {self._total.shape[-1]} classes this epoch, but a batch "
+                f"has outputs {dims(input.output.shape)} with {counts.shape[-1]}: every "
+                "batch needs the same number of output columns."
+            )
         return MetricValue(self._score(counts, torch.float32), weight)
 
     def epoch_value(self) -> torch.Tensor | float:
@@ -100,7 +134,7 @@ class _ConfusionMetric:
 
     def clear(self) -> None:
         self._total = None
-        self._probabilities.reset()
+        self._checks.reset()
 
     def epoch_state(self) -> torch.Tensor | None:
         """This process's summed counts (exchanged when training on several processes)."""
@@ -140,18 +174,28 @@ class _ConfusionMetric:
     # -- counting -----------------------------------------------------------------
     def _binary_counts(self, input: ClassificationInput) -> tuple[torch.Tensor, Number]:
         output, targets = input.output, input.targets
+        if not (output.dim() == 1 or (output.dim() == 2 and output.shape[-1] in (1, 2))):
+            raise TrainingError(
+                f"{self._who} reads {_EXPECTS['binary']}; got outputs {dims(output.shape)} "
+                f"and targets {dims(input.targets.shape)}. Use "
+                f"{type(self).__name__}.multiclass() for more classes."
+            )
+        targets = check_binary(self._who, _EXPECTS["binary"], output, targets)
         mask = None if input.pad_token is None else targets != input.pad_token
+        checks = self._checks
         if output.dim() == 2 and output.shape[-1] == 2:  # two-class logits
             predicted = output.softmax(dim=-1)[:, 1] > self.threshold
-        elif output.dim() == 1 or (output.dim() == 2 and output.shape[-1] == 1):
-            scores = self._probabilities(output.reshape(-1), self.name, mask)
-            predicted = scores > self.threshold
         else:
-            raise TrainingError(
-                f"{self.name} (binary) needs scores [N] or [N, 1] or logits [N, 2]; got "
-                f"shape {tuple(output.shape)}. Use {type(self).__name__}.multiclass() for "
-                "more classes."
-            )
+            scores = self._probabilities(output.reshape(-1), self.name, checks, mask)
+            predicted = scores > self.threshold
+        add_unit_range(
+            checks,
+            self._who,
+            targets,
+            mask,
+            hint=f"Targets of more classes need {type(self).__name__}.multiclass().",
+        )
+        checks.verify()
         actual = targets > 0.5
         weight: Number = int(targets.shape[0])
         if mask is not None:
@@ -160,13 +204,21 @@ class _ConfusionMetric:
         return counts, weight
 
     def _multiclass_counts(self, input: ClassificationInput) -> tuple[torch.Tensor, Number]:
-        output, targets = input.output, input.targets.long()
+        output, targets = input.output, input.targets
         if output.dim() != 2:
             raise TrainingError(
-                f"{self.name} (multiclass) needs scores of shape [N, C]; got shape "
-                f"{tuple(output.shape)}. Use {type(self).__name__}.binary() for scores [N]."
+                f"{self._who} reads {_EXPECTS['multiclass']}; got outputs "
+                f"{dims(output.shape)} and targets {dims(targets.shape)}. Use "
+                f"{type(self).__name__}.binary() for scores [N]; flatten sequences "
+                "(outputs.view(-1, C), targets.view(-1))."
             )
+        check_classes(self._who, _EXPECTS["multiclass"], output, targets)
+        targets = targets.long()
         classes = int(output.shape[-1])
+        if self._checks.due:
+            keep = None if input.pad_token is None else targets != input.pad_token
+            add_class_range(self._checks, self._who, output, targets, keep)
+        self._checks.verify()
         k = min(self.top_k, classes)
         if k == 1:
             predicted = output.argmax(dim=-1)
@@ -185,8 +237,8 @@ class _ConfusionMetric:
         else:
             mask = targets != input.pad_token
             targets = torch.where(mask, targets, 0)  # pad ids may lie outside [0, C)
-            keep = mask.long()
-            source = torch.cat((correct * keep, keep, keep))
+            counted = mask.long()
+            source = torch.cat((correct * counted, counted, counted))
             weight = mask.sum()
         index = torch.cat((targets, predicted + classes, targets + 2 * classes))
         counts = torch.zeros(3 * classes, dtype=torch.long, device=targets.device)
@@ -194,12 +246,16 @@ class _ConfusionMetric:
 
     def _multilabel_counts(self, input: MultiLabelInput) -> tuple[torch.Tensor, Number]:
         output, targets = input.output, input.targets
-        if output.dim() != 2 or output.shape != targets.shape:
-            raise TrainingError(
-                f"{self.name} (multilabel) needs scores and targets of the same shape "
-                f"[N, C]; got {tuple(output.shape)} and {tuple(targets.shape)}."
-            )
-        predicted = self._probabilities(output, self.name) > self.threshold
+        check_same_shape(self._who, _EXPECTS["multilabel"], output, targets)
+        checks = self._checks
+        predicted = self._probabilities(output, self.name, checks) > self.threshold
+        add_unit_range(
+            checks,
+            self._who,
+            targets,
+            hint=f"Class indices need {type(self).__name__}.multiclass().",
+        )
+        checks.verify()
         actual = targets > 0.5
         counts = torch.stack((predicted & actual, predicted, actual)).sum(dim=1)
         return counts, int(targets.shape[0])

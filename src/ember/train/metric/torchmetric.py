@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from ember.errors import TrainingError
+from ember.errors import EmberError, TrainingError
+from ember.train.metric._common import dims, dtype_name
 from ember.train.metric.base import MetricMetadata, MetricValue
 from ember.train.metric.inputs import ClassificationInput, LossInput
 
@@ -21,7 +22,8 @@ class TorchMetric:
     the device of the first batch it sees. Predictions and targets are read from the
     input's `output` (or `logits`) and `targets`. Whether an update waits for the
     device is up to the wrapped metric (torchmetrics' `validate_args=False` avoids
-    its argument checks, which do).
+    its argument checks, which do). An exception raised by the wrapped metric becomes
+    a `TrainingError` naming the metric and the shapes it was given.
     """
 
     unit = ""
@@ -64,7 +66,16 @@ class TorchMetric:
         if self._device != preds.device:
             self.metric.to(preds.device)
             self._device = preds.device
-        value = self.metric(preds.detach(), targets)
+        try:
+            value = self.metric(preds.detach(), targets)
+        except EmberError:
+            raise
+        except Exception as error:
+            raise TrainingError(
+                f"TorchMetric {self.name!r} ({type(self.metric).__name__}) cannot read "
+                f"outputs {dims(preds.shape)} {dtype_name(preds)} and targets "
+                f"{dims(targets.shape)} {dtype_name(targets)}: {type(error).__name__}: {error}"
+            ) from error
         self._updated = True
         return MetricValue(value, int(preds.shape[0]) if preds.dim() else 1)
 
