@@ -94,3 +94,56 @@ def test_a_second_fit_does_not_touch_the_first_runs_files(tmp_path, loaders, qui
     with pytest.raises(TrainingError, match="already called"):
         learner.fit(*loaders)
     assert (tmp_path / "experiment.log").read_text() == before
+
+
+class Stateful(Classifier):
+    """Keeps a count across batches, reset at each split's start, as a recurrent model
+    carrying its hidden state would."""
+
+    def __init__(self):
+        super().__init__()
+        self.carried = 0
+        self.valid_calls = 0
+        self.starts: list[str] = []
+
+    def on_split_start(self, split):
+        self.starts.append(split)
+        self.carried = 0
+
+    def train_step(self, batch):
+        self.carried += 1
+        return super().train_step(batch)
+
+    def valid_step(self, batch):
+        self.carried += 1
+        self.valid_calls += 1
+        return super().valid_step(batch)
+
+
+def test_a_stateful_model_is_told_each_split_and_untouched_by_the_check(tmp_path, loaders, quiet):
+    from ember.train import StartEpoch, StartSplit
+
+    events = []
+
+    class Record:
+        def on_event(self, event):
+            if isinstance(event, (StartEpoch, StartSplit)):
+                events.append(event)
+
+    model = Stateful()
+    LearnerBuilder(tmp_path).metric_valid_numeric(AccuracyMetric()).num_epochs(2).listener(
+        Record()
+    ).renderer(quiet).build(model, AdamConfig().init(), 1e-2).fit(*loaders)
+    valid_batches = len(loaders[1])
+    assert model.valid_calls == 2 * valid_batches  # the check before training used a copy
+    assert model.starts == ["train", "valid", "train", "valid"]
+    assert model.carried == valid_batches  # reset at the last split's start
+    assert [type(e).__name__ for e in events] == [
+        "StartEpoch",
+        "StartSplit",
+        "StartSplit",
+        "StartEpoch",
+        "StartSplit",
+        "StartSplit",
+    ]
+    assert [e.split for e in events if isinstance(e, StartSplit)] == ["train", "valid"] * 2

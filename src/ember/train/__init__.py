@@ -7,7 +7,15 @@ from ember.train.checkpoint import (
     MetricCheckpointingStrategy,
 )
 from ember.train.early_stopping import MetricEarlyStoppingStrategy
-from ember.train.events import End, EndEpoch, Listener, ProcessedItem, Start
+from ember.train.events import (
+    End,
+    EndEpoch,
+    Listener,
+    ProcessedItem,
+    Start,
+    StartEpoch,
+    StartSplit,
+)
 from ember.train.interrupter import Interrupter
 from ember.train.learner import Learner
 from ember.train.output import (
@@ -35,6 +43,8 @@ __all__ = [
     "RegressionOutput",
     "SequenceOutput",
     "Start",
+    "StartEpoch",
+    "StartSplit",
     "TrainOutput",
     "TrainStep",
     "ValidStep",

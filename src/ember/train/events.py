@@ -16,6 +16,24 @@ class Start:
 
 
 @dataclass(frozen=True)
+class StartEpoch:
+    """An epoch starts (its train split first)."""
+
+    epoch: int
+    num_epochs: int
+
+
+@dataclass(frozen=True)
+class StartSplit:
+    """A split of `epoch` starts ("train" or "valid"), before its first batch: where a
+    model that carries state across batches (a recurrent hidden state) resets it. The
+    model's own `on_split_start(split)`, if it defines one, is called at the same time."""
+
+    split: str
+    epoch: int
+
+
+@dataclass(frozen=True)
 class ProcessedItem:
     """One batch went through a step (`split` is "train" or "valid")."""
 
@@ -43,7 +61,7 @@ class End:
     reason: str
 
 
-Event = Start | ProcessedItem | EndEpoch | End
+Event = Start | StartEpoch | StartSplit | ProcessedItem | EndEpoch | End
 
 
 @runtime_checkable

@@ -10,6 +10,7 @@ listeners only receive what the loop hands them.
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 from typing import Any, Iterable, Mapping
@@ -25,7 +26,7 @@ from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size
 from ember.train.checkpoint.policy import CheckpointPolicy, Resume
 from ember.train.describe import describe, describe_run, run_info
 from ember.train.distributed import Distributed, join, no_sync, setup, wrap
-from ember.train.events import End, EndEpoch, ProcessedItem, Start
+from ember.train.events import End, EndEpoch, ProcessedItem, Start, StartEpoch, StartSplit
 from ember.train.guard import LossGuard
 from ember.train.history import RunHistory
 from ember.train.lock import RunLock
@@ -287,6 +288,7 @@ class Learner:
         """Every epoch left; returns how the run ended."""
         for epoch in range(resume.position.epoch, self.num_epochs + 1):
             self.epoch = epoch
+            self._emit(StartEpoch(epoch, self.num_epochs))
             plan = train.epoch(epoch, resume.position)
             values = self._train_epoch(processor, plan, resume)
             if values is None:  # stopped mid-epoch
@@ -309,6 +311,7 @@ class Learner:
         None when a stop ended it early."""
         start, epoch, dist = plan.start, plan.start.epoch, self.dist
         self.model.train()
+        self._start_split("train", epoch)
         processor.start_split("train", epoch, plan.total, start.iteration + 1)
         if start.iteration and (dist is None or dist.main):
             self._resume_logs(processor, start, resume.log_lines)
@@ -388,8 +391,9 @@ class Learner:
     ) -> dict[str, float]:
         """Validate (eval mode, inference mode); a graceful stop waits for its end."""
         plan = planner.epoch(epoch)
-        processor.start_split("valid", epoch, plan.total)
         self.model.eval()
+        self._start_split("valid", epoch)
+        processor.start_split("valid", epoch, plan.total)
         try:
             with torch.inference_mode(), self.optim.autocast():
                 for iteration, batch in enumerate(plan.loader, start=1):
@@ -427,6 +431,13 @@ class Learner:
         self.checkpoints.save(position, self.model, self.optim, self.dist)
         self._emit(EndEpoch(epoch, values))
         return reason
+
+    def _start_split(self, split: str, epoch: int) -> None:
+        """Tell the model (`on_split_start`, if it has one) and the listeners."""
+        hook = getattr(self.model, "on_split_start", None)
+        if callable(hook):
+            hook(split)
+        self._emit(StartSplit(split, epoch))
 
     def _stop_reason(self) -> str:
         return f"stopped: {self.interrupter.message or 'stop requested on another rank'}"
@@ -495,21 +506,26 @@ class Learner:
         self, loader: Iterable[Any], processor: MetricsProcessor, epoch: int
     ) -> None:
         """Run one validation batch before training, so that a valid_step or a validation
-        metric that cannot work fails now, not after an epoch. RNGs are left untouched."""
+        metric that cannot work fails now, not after an epoch. It runs on a copy of the
+        model, so state the model keeps across batches is untouched; RNGs are put back."""
         if not self.metrics.get("valid"):
             return
         rng = capture_rng_state()
+        model = _copy(self.model)
         try:
-            self.model.eval()
+            model.eval()
+            hook = getattr(model, "on_split_start", None)
+            if callable(hook):
+                hook("valid")
             with torch.inference_mode(), self.optim.autocast():
                 for batch in loader:
                     item = _call_step(
-                        self.model.valid_step, to_device(batch, self.device), "valid_step", 0, 1
+                        model.valid_step, to_device(batch, self.device), "valid_step", 0, 1
                     )
                     processor.check("valid", item, epoch)
                     break
         finally:
-            self.model.train()
+            model.train()
             restore_rng_state(rng)
 
     # Ending ----------------------------------------------------------------------
@@ -545,6 +561,19 @@ class Learner:
     def _emit(self, event: Any) -> None:
         for listener in self.listeners:
             listener.on_event(event)
+
+
+def _copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of the model for a check that must leave the live one untouched (the
+    live model itself when it cannot be copied)."""
+    try:
+        return copy.deepcopy(model)
+    except Exception:
+        log.warning(
+            "%s cannot be copied: the validation check before training runs on the live model.",
+            type(model).__name__,
+        )
+        return model
 
 
 def _check_not_empty(loader: Iterable[Any], what: str, fix: str) -> None:
