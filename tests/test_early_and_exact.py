@@ -60,10 +60,37 @@ def test_a_validation_metric_that_cannot_read_the_output_fails_before_training(
         learner.fit(*loaders)
     message = str(caught.value)
     assert "valid metric 'Accuracy' fails on the first valid batch" in message
-    assert "targets=Tensor[32, 3] int64" in message  # what it received, with shapes
+    assert "got outputs [32, 3] and targets [32, 3]" in message  # what it received
     assert "class indices, not one-hot" in message
     assert not (tmp_path / "train").exists()  # not one training batch ran
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+class BrokenMetric:
+    """A metric of one's own that fails with a plain error."""
+
+    name, unit, input_type = "Broken", "", object
+
+    def update(self, item, meta):
+        raise RuntimeError("shapes do not match")
+
+    def clear(self):
+        pass
+
+
+def test_a_metric_of_ones_own_failing_is_named_with_what_it_received(tmp_path, loaders, quiet):
+    learner = (
+        LearnerBuilder(tmp_path)
+        .metric_valid(BrokenMetric())
+        .renderer(quiet)
+        .build(Classifier(), AdamConfig().init(), 1e-2)
+    )
+    with pytest.raises(TrainingError) as caught:
+        learner.fit(*loaders)
+    message = str(caught.value)
+    assert "valid metric 'Broken' fails on the first valid batch" in message
+    assert "RuntimeError: shapes do not match" in message
+    assert "targets=Tensor[32] int64" in message  # what it received, with shapes
 
 
 class OneHotTrain(Classifier):

@@ -91,8 +91,10 @@ class MetricsProcessor:
             try:
                 with torch.no_grad():
                     value = state.metric.update(adapted, meta)
-            except EmberError:
-                raise  # already says what is wrong and how to fix it
+            except EmberError as error:  # its own message says what is wrong and the fix
+                raise TrainingError(
+                    f"The {split} metric {state.name!r} fails on the first {split} batch: {error}"
+                ) from error
             except Exception as error:
                 raise TrainingError(
                     f"The {split} metric {state.name!r} fails on the first {split} batch: "
