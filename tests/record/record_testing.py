@@ -147,3 +147,35 @@ def assert_same(actual: Any, expected: Any, where: str = "state") -> None:
         assert actual == expected and math.copysign(1, actual) == math.copysign(1, expected), where
     else:
         assert actual == expected, where
+
+
+def checkpoint_state() -> dict[str, Any]:
+    """Fixed values (no randomness) of every kind a checkpoint holds: weights, an optimizer's
+    moments and hyperparameters, a scheduler, the position in the loop and an RNG state."""
+    weight = torch.arange(6, dtype=torch.float32).reshape(2, 3) / 8
+    return {
+        "model": {"fc.weight": weight, "fc.bias": torch.tensor([0.5, -0.25])},
+        "optimizer": {
+            "state": {
+                0: {
+                    "step": torch.tensor(3.0),
+                    "exp_avg": weight / 10,
+                    "exp_avg_sq": weight / 1000,
+                }
+            },
+            "param_groups": [
+                {
+                    "lr": 0.01,
+                    "betas": (0.9, 0.999),
+                    "eps": 1e-08,
+                    "weight_decay": 0.0,
+                    "amsgrad": False,
+                    "params": [0],
+                }
+            ],
+        },
+        "scheduler": {"last_epoch": 4, "_last_lr": [0.01]},
+        "position": {"epoch": 2, "iteration": 17},
+        "rng": random.Random(7).getstate(),
+        "half": torch.tensor([1.5, -2.0], dtype=torch.float16),
+    }

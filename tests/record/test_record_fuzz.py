@@ -1,18 +1,23 @@
-"""Damaged and foreign files: whatever the bytes, only a RecordError naming the file escapes."""
+"""Damaged and foreign files: whatever the bytes, only a RecordError naming the file escapes,
+and a damaged record never loads as different content."""
 
 from __future__ import annotations
 
+import gzip
+import random
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from record_testing import RECORDERS, make_model
+from record_testing import RECORDERS, assert_same, checkpoint_state, make_model
 
 import ember.record as er
 from ember.errors import RecordError
+from ember.record.gz import gzip_bytes
 
 FUZZ = settings(
     max_examples=60,
@@ -20,25 +25,33 @@ FUZZ = settings(
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
-CHECKSUMMED = {"mpk", "bin"}  # every single-bit flip must be detected in these
+CORRUPTIONS_PER_FORMAT = 150
+
+
+def sample_state() -> dict[str, Any]:
+    """A small but varied record: weights, optimizer, scheduler, position, RNG and scalars."""
+    state: dict[str, Any] = {"weights": dict(make_model().state_dict()), **checkpoint_state()}
+    state.update(step=3, loss=0.25, tag="x", ids=(1, 2))
+    return state
 
 
 def sample_bytes(cls: type) -> bytes:
-    """A small but varied record: module weights plus scalars, written by `cls`."""
-    model = make_model()
-    state = {"model": model.state_dict(), "step": 3, "loss": 0.25, "tag": "x", "ids": (1, 2)}
     with tempfile.TemporaryDirectory() as directory:
-        return cls().save(state, Path(directory) / "sample").read_bytes()
+        return cls().save(sample_state(), Path(directory) / "sample").read_bytes()
 
 
 SAMPLES = {cls: sample_bytes(cls) for cls in RECORDERS}
-
-
+ORIGINAL = sample_state()
 TARGET = make_model(seed=1)
 
 
 def outcome(cls: type, path: Path) -> list[str]:
-    """Load `path` with the recorder and with `ember.record.load`; return what failed how."""
+    """Load `path` with the recorder, with `ember.record.load` and into a module.
+
+    Each attempt must either fail with a RecordError naming the file or give back exactly
+    the saved state (the sample never fits the module, so that attempt always fails).
+    Returns the messages of the failures.
+    """
     failures = []
     for reader in (
         lambda p: cls().load(None, p),
@@ -46,10 +59,12 @@ def outcome(cls: type, path: Path) -> list[str]:
         lambda p: er.load(TARGET, p),
     ):
         try:
-            reader(path)
+            loaded = reader(path)
         except RecordError as exc:
             assert str(path) in str(exc), f"message does not name the file: {exc}"
             failures.append(str(exc))
+        else:
+            assert_same(loaded, ORIGINAL, "silently loaded")
     return failures
 
 
@@ -69,21 +84,65 @@ def cls(request: pytest.FixtureRequest) -> type:
 def test_truncated_files_are_refused(cls, tmp_path, data):
     sample = SAMPLES[cls]
     cut = data.draw(st.integers(0, len(sample) - 1))
-    failures = outcome(cls, write(tmp_path, cls, sample[:cut]))
-    if sample[cut:].strip():  # losing only trailing whitespace leaves valid JSON
-        assert len(failures) == 3
+    assert len(outcome(cls, write(tmp_path, cls, sample[:cut]))) == 3
 
 
 @FUZZ
 @given(data=st.data())
-def test_bit_flips_never_raise_anything_but_record_error(cls, tmp_path, data):
+def test_bit_flips_are_refused_or_change_nothing(cls, tmp_path, data):
     sample = bytearray(SAMPLES[cls])
     flips = data.draw(st.lists(st.integers(0, len(sample) * 8 - 1), min_size=1, max_size=3))
     for bit in flips:
         sample[bit // 8] ^= 1 << (bit % 8)
-    failures = outcome(cls, write(tmp_path, cls, bytes(sample)))
-    if cls.file_extension in CHECKSUMMED and bytes(sample) != SAMPLES[cls]:
-        assert len(failures) == 3
+    outcome(cls, write(tmp_path, cls, bytes(sample)))
+
+
+def corrupt(rng: random.Random, data: bytes) -> bytes:
+    """One random corruption: flipped bits, replaced bytes or one decimal digit changed."""
+    out = bytearray(data)
+    kind = rng.choice(["bits", "bytes", "digit"])
+    digits = [i for i, byte in enumerate(out) if 0x30 <= byte <= 0x39]
+    if kind == "digit" and digits:
+        at = rng.choice(digits)
+        out[at] = rng.choice([d for d in b"0123456789" if d != out[at]])
+    elif kind == "bytes":
+        for _ in range(rng.randint(1, 3)):
+            out[rng.randrange(len(out))] = rng.randrange(256)
+    else:
+        for _ in range(rng.randint(1, 3)):
+            bit = rng.randrange(len(out) * 8)
+            out[bit // 8] ^= 1 << (bit % 8)
+    return bytes(out)
+
+
+def test_random_corruptions_never_load_different_content(cls, tmp_path):
+    """Corrupt the file, or for gzipped records the content (then gzip it again)."""
+    rng = random.Random(f"corrupt {cls.file_extension}")
+    sample = SAMPLES[cls]
+    gzipped = cls.file_extension.endswith(".gz")
+    inner = gzip.decompress(sample) if gzipped else sample
+    refused = unchanged = 0
+    for _ in range(CORRUPTIONS_PER_FORMAT):
+        if gzipped and rng.random() < 0.5:
+            data = gzip_bytes(corrupt(rng, inner))
+        else:
+            data = corrupt(rng, sample)
+        if data == sample:
+            continue
+        path = write(tmp_path, cls, data)
+        failures = []
+        for reader in (lambda p: cls().load(None, p), lambda p: er.load(None, p)):
+            try:
+                loaded = reader(path)
+            except RecordError as exc:
+                assert str(path) in str(exc)
+                failures.append(exc)
+            else:
+                assert_same(loaded, ORIGINAL, "silently loaded")
+        refused += len(failures) == 2
+        unchanged += not failures
+    assert refused + unchanged > 0.9 * CORRUPTIONS_PER_FORMAT
+    assert refused > 0.9 * CORRUPTIONS_PER_FORMAT  # harmless changes (gzip padding) are rare
 
 
 @FUZZ

@@ -203,18 +203,16 @@ def decode_tree(plain: Any, dialect: Dialect, decode_tensor: TensorDecoder) -> A
     return dec(plain, 0)
 
 
-def inline_tensor_encoder(dialect: Dialect, *, shuffle: bool, checksum: bool) -> TensorEncoder:
-    """Encode tensors in place as {"dtype", "shape", "data"[, "shuffle"][, "crc32"]} maps.
+def inline_tensor_encoder(dialect: Dialect, *, shuffle: bool) -> TensorEncoder:
+    """Encode tensors in place as {"dtype", "shape", "data"[, "shuffle"]} maps.
 
-    `shuffle` stores the bytes grouped by significance (better gzip ratio); `checksum` adds
-    the CRC-32 of the raw bytes (for formats without a whole-file checksum).
+    `shuffle` stores the bytes grouped by significance (better gzip ratio). The formats
+    checksum their whole file, so tensors carry no checksum of their own.
     """
 
     def encode(tensor: torch.Tensor, path: KeyPath) -> Any:
         name, shape, data = tensor_to_bytes(tensor)
         node: dict[str, Any] = {"dtype": name, "shape": shape}
-        if checksum:
-            node["crc32"] = zlib.crc32(data)
         itemsize = tensor_itemsize(name)
         if shuffle and itemsize > 1:
             data = shuffle_bytes(data, itemsize)
@@ -226,7 +224,11 @@ def inline_tensor_encoder(dialect: Dialect, *, shuffle: bool, checksum: bool) ->
 
 
 def inline_tensor_decoder(dialect: Dialect) -> TensorDecoder:
-    """Decode tensors written by `inline_tensor_encoder`, checking sizes and checksums."""
+    """Decode tensors written by `inline_tensor_encoder`, checking sizes.
+
+    A "crc32" entry (the CRC-32 of the raw bytes, in files written before the formats
+    checksummed the whole file) is checked too.
+    """
 
     def decode(node: Any) -> torch.Tensor:
         if not isinstance(node, dict):

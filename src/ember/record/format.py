@@ -27,7 +27,7 @@ class RecordFormat:
     title: str
     version: int
     sniff: Callable[[bytes], bool]
-    encode: Callable[[Header, Any, EncodeOptions], bytes]
+    encode: Callable[[Header, Any, EncodeOptions], bytes | bytearray]
     decode: Callable[[bytes], Record]
 
 

@@ -43,7 +43,7 @@ _PEEK_BYTES = 128
 
 
 def _encode(header: Header, tree: Any, options: EncodeOptions) -> bytes:
-    tensors = inline_tensor_encoder(MSGPACK, shuffle=options.compressed, checksum=False)
+    tensors = inline_tensor_encoder(MSGPACK, shuffle=options.compressed)
     plain = encode_tree(tree, MSGPACK, tensors, float_dtype=options.float_dtype)
     entries = {**header.to_plain(), "record": plain}
     packer = msgpack.Packer(use_bin_type=True, autoreset=False)
