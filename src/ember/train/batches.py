@@ -32,7 +32,12 @@ def find_sampler(loader: Any) -> Any:
 
 
 def batch_size(batch: Any) -> int:
-    """The number of samples in a batch (0 when it cannot be told)."""
+    """The number of items in a batch: its `num_items` when it says (an int, e.g. B
+    for a [T, B] sequence batch), else the first dimension of its first tensor (0 when
+    it cannot be told)."""
+    told = getattr(batch, "num_items", None)
+    if isinstance(told, int) and not isinstance(told, bool):
+        return told
     return first_dim(batch) or 0
 
 

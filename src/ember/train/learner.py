@@ -34,6 +34,7 @@ from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.base import MetricLogger, RunStart, start_loggers
 from ember.train.logger.file import FileMetricLogger
 from ember.train.options import LearnerOptions
+from ember.train.output import summed_loss_hint
 from ember.train.position import Position
 from ember.train.processor import MetricsProcessor
 from ember.train.renderer.silent import SilentRenderer
@@ -357,6 +358,9 @@ class Learner:
                 if iteration == check:
                     check_train_output(self.model, output)
                     processor.check("train", output.item, epoch)
+                    hint = summed_loss_hint(output.item)
+                    if hint is not None:
+                        log.warning("%s", hint)
                 ok = guard.check(output.loss, epoch, iteration)
                 finite = ok and finite
                 optim.backward(output.loss, step.shares[index])

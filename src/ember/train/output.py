@@ -31,6 +31,8 @@ class ClassificationOutput:
     loss: torch.Tensor
     output: torch.Tensor
     targets: torch.Tensor
+    loss_reduction: str = "mean"
+    """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is ClassificationInput:
@@ -38,7 +40,7 @@ class ClassificationOutput:
         if input_type is ScoresInput:
             return ScoresInput(self.output, self.targets)
         if input_type is LossInput:
-            return LossInput(self.loss, int(self.targets.shape[0]))
+            return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
         return None
 
 
@@ -49,6 +51,8 @@ class MultiLabelClassificationOutput:
     loss: torch.Tensor
     output: torch.Tensor
     targets: torch.Tensor
+    loss_reduction: str = "mean"
+    """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is MultiLabelInput:
@@ -56,7 +60,7 @@ class MultiLabelClassificationOutput:
         if input_type is ScoresInput:
             return ScoresInput(self.output, self.targets, multilabel=True)
         if input_type is LossInput:
-            return LossInput(self.loss, int(self.targets.shape[0]))
+            return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
         return None
 
 
@@ -67,12 +71,14 @@ class RegressionOutput:
     loss: torch.Tensor
     output: torch.Tensor
     targets: torch.Tensor
+    loss_reduction: str = "mean"
+    """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is RegressionInput:
             return RegressionInput(self.output, self.targets)
         if input_type is LossInput:
-            return LossInput(self.loss, int(self.targets.shape[0]))
+            return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
         return None
 
 
@@ -85,6 +91,8 @@ class SequenceOutput:
     logits: torch.Tensor
     targets: torch.Tensor
     pad_token: int | None = None
+    loss_reduction: str = "mean"
+    """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is SequenceInput:
@@ -97,5 +105,40 @@ class SequenceOutput:
                 pad_token=self.pad_token,
             )
         if input_type is LossInput:
-            return LossInput(self.loss, int(self.targets.shape[0]))
+            return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
         return None
+
+
+def summed_loss_hint(output: Any) -> str | None:
+    """A warning when a step's loss looks summed over its batch while the output says
+    it is a mean: it equals the batch size times the mean loss the output implies."""
+    if getattr(output, "loss_reduction", "sum") != "mean":
+        return None
+    loss, targets = getattr(output, "loss", None), getattr(output, "targets", None)
+    prediction = getattr(output, "output", None)
+    if not all(isinstance(t, torch.Tensor) for t in (loss, targets, prediction)):
+        return None
+    assert isinstance(loss, torch.Tensor) and isinstance(targets, torch.Tensor)
+    assert isinstance(prediction, torch.Tensor)
+    count = int(targets.shape[0]) if targets.dim() else 0
+    if count < 2 or loss.numel() != 1:
+        return None
+    with torch.no_grad():
+        try:
+            if isinstance(output, ClassificationOutput) and prediction.dim() == 2:
+                mean = torch.nn.functional.cross_entropy(prediction.float(), targets.long())
+            elif isinstance(output, RegressionOutput) and prediction.shape == targets.shape:
+                mean = torch.nn.functional.mse_loss(prediction.float(), targets.float())
+            else:
+                return None
+        except (RuntimeError, ValueError, IndexError):
+            return None
+        value, expected = float(loss.detach().float()), float(mean)
+    if expected > 0 and abs(value - count * expected) <= 1e-3 * count * expected:
+        return (
+            f"The step's loss ({value:.6g}) is {count} times the batch's mean loss: it looks "
+            "summed over the batch (reduction='sum'). LossMetric reports the loss per "
+            f"sample when the output says so: {type(output).__name__}(..., "
+            "loss_reduction='sum')."
+        )
+    return None

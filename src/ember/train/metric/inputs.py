@@ -9,10 +9,14 @@ import torch
 
 @dataclass
 class LossInput:
-    """A scalar loss and the number of samples it was averaged over."""
+    """A scalar loss and the number of samples it covers. `reduction` says how the step
+    reduced it over them: "mean" (the default of torch's losses) or "sum" (a loss
+    function called with `reduction="sum"`); `LossMetric` reports the per-sample mean
+    either way."""
 
     loss: torch.Tensor
     batch_size: int
+    reduction: str = "mean"
 
 
 @dataclass

@@ -11,7 +11,9 @@ from ember.train.metric.inputs import LossInput
 
 
 class LossMetric:
-    """The step's loss, weighted by its batch size in the epoch mean.
+    """The step's loss per sample, weighted by its batch size in the epoch mean (a loss
+    the step summed over the batch, `loss_reduction="sum"` on the output, is divided by
+    the batch size).
 
     Reads a scalar loss: a tensor of one element, or a number. A loss of several
     elements (from a loss function with `reduction="none"`) raises a `TrainingError`.
@@ -24,6 +26,12 @@ class LossMetric:
 
     def update(self, input: LossInput, meta: MetricMetadata) -> MetricValue:
         loss = input.loss
+        if input.reduction not in ("mean", "sum"):
+            raise TrainingError(
+                f"LossMetric reads a loss reduced by 'mean' or 'sum'; got {input.reduction!r}."
+            )
+        # A summed loss is divided by its samples on the host: the per-sample mean.
+        divisor = float(max(input.batch_size, 1)) if input.reduction == "sum" else 1.0
         if isinstance(loss, torch.Tensor):
             if loss.numel() != 1:
                 raise TrainingError(
@@ -32,9 +40,10 @@ class LossMetric:
                     "with its default reduction)."
                 )
             value = loss.detach()
-            return MetricValue(value.reshape(()) if value.dim() else value, input.batch_size)
+            value = value.reshape(()) if value.dim() else value
+            return MetricValue(value, input.batch_size, divisor=divisor)
         if isinstance(loss, (int, float)) and not isinstance(loss, bool):
-            return MetricValue(float(loss), input.batch_size)
+            return MetricValue(float(loss), input.batch_size, divisor=divisor)
         raise TrainingError(
             f"LossMetric reads a scalar loss, a tensor or a number; got a {type(loss).__name__}."
         )
