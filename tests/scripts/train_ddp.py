@@ -1,7 +1,13 @@
 """Training on several CPU processes (gloo), driven by tests in a subprocess.
 
 Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-rank R]
+    [--hang-rank R] [--slow SECONDS] [--events FILE] [--timeout SECONDS] [--resume]
 Under torchrun, pass --processes 1: torchrun provides the processes.
+
+--fail-rank raises in the third training step of that rank, --hang-rank sleeps there
+for an hour; --slow sleeps in every step. --events appends "<what> <rank> <time>" lines
+to FILE (each step, the failure, the hang), so a test can time what follows. The
+process exits with `learner.exit_code`.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ember_testing
@@ -27,11 +34,17 @@ from ember.train.metric import AccuracyMetric, LossMetric
 from ember.train.renderer import PlainRenderer
 
 
+def note(events: str | None, what: str) -> None:
+    if events:
+        with open(events, "a") as handle:
+            handle.write(f"{what} {os.environ.get('RANK', '0')} {time.time()}\n")
+
+
 class Linear(nn.Module):
-    def __init__(self, fail_rank: int | None):
+    def __init__(self, args: argparse.Namespace):
         super().__init__()
         self.layer = nn.Linear(8, 3)
-        self.fail_rank, self.steps = fail_rank, 0
+        self.args, self.steps = args, 0
 
     def forward(self, x):
         return self.layer(x)
@@ -42,12 +55,16 @@ class Linear(nn.Module):
 
     def train_step(self, batch):
         self.steps += 1
-        if (
-            self.fail_rank is not None
-            and self.steps == 3
-            and int(os.environ.get("RANK", "0")) == self.fail_rank
-        ):
-            raise RuntimeError(f"deliberate failure on rank {self.fail_rank}")
+        rank, args = int(os.environ.get("RANK", "0")), self.args
+        note(args.events, "step")
+        if self.steps == 3 and rank == args.fail_rank:
+            note(args.events, "fail")
+            raise RuntimeError(f"deliberate failure on rank {rank}")
+        if self.steps == 3 and rank == args.hang_rank:
+            note(args.events, "hang")
+            time.sleep(3600)
+        if args.slow:
+            time.sleep(args.slow)
         return TrainOutput(self.classify(batch))
 
     def valid_step(self, batch):
@@ -61,6 +78,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--fail-rank", type=int, default=None)
+    parser.add_argument("--hang-rank", type=int, default=None)
+    parser.add_argument("--slow", type=float, default=0.0)
+    parser.add_argument("--events", default=None)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
@@ -83,11 +103,12 @@ def main() -> None:
         .devices(["cpu"] * args.processes, timeout=args.timeout)
         .num_epochs(args.epochs)
         .renderer(PlainRenderer(interval=3600))
-        .build(Linear(args.fail_rank), SgdConfig().init(), 0.5)
+        .build(Linear(args), SgdConfig().init(), 0.5)
     )
     model = learner.fit(train, valid)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if int(os.environ.get("RANK", "0")) == 0 and learner.outcome == "completed":
         DefaultRecorder().save(model, Path(args.dir) / "final")
+    sys.exit(learner.exit_code)
 
 
 if __name__ == "__main__":
