@@ -243,7 +243,11 @@ class Learner:
                 log.error("Training interrupted (KeyboardInterrupt) at %s.", where)
             else:
                 reason = "failed"
-                log.exception("Training failed at %s.", where)
+                elsewhere = dist.caused_elsewhere(error) if dist is not None else None
+                if elsewhere is not None:  # another rank failed: its record says why
+                    log.error("Training stopped at %s. %s", where, elsewhere)
+                else:
+                    log.exception("Training failed at %s.", where)
             self.outcome = reason
             raise
         finally:
