@@ -306,3 +306,38 @@ def test_compile_is_a_builder_option_and_its_checkpoints_load_into_the_plain_mod
         builder(tmp_path / "w", quiet).build(
             torch.compile(Classifier(), backend="eager"), AdamConfig().init(), 1e-2
         )
+
+
+class StopAt:
+    def __init__(self, interrupter, epoch, iteration):
+        self.interrupter, self.at = interrupter, (epoch, iteration)
+
+    def on_event(self, event):
+        train = isinstance(event, ProcessedItem) and event.split == "train"
+        if train and (event.epoch, event.iteration) == self.at:
+            self.interrupter.stop("test stop")
+
+
+def test_a_whole_epoch_metric_resumed_mid_epoch_covers_the_whole_epoch(tmp_path, loaders, quiet):
+    def run(directory, stop=None, resume=False):
+        ember.seed(2)
+        builder = (
+            LearnerBuilder(directory)
+            .metric_train_numeric(AurocMetric(from_logits=True))
+            .metric_train_numeric(LossMetric())
+            .with_file_checkpointer(DefaultRecorder())
+            .num_epochs(2)
+            .renderer(quiet)
+        )
+        if stop is not None:
+            builder.listener(StopAt(builder.interrupter(), *stop))
+        if resume:
+            builder = builder.checkpoint("latest")
+        learner = builder.build(Classifier(), AdamConfig().init(), 1e-3)
+        learner.fit(loaders[0])
+        return learner
+
+    straight = run(tmp_path / "a")
+    run(tmp_path / "b", stop=(2, 4))
+    resumed = run(tmp_path / "b", resume=True)
+    assert resumed.history == straight.history  # AUROC of epoch 2 over all its batches

@@ -27,10 +27,12 @@ class StartEpoch:
 class StartSplit:
     """A split of `epoch` starts ("train" or "valid"), before its first batch: where a
     model that carries state across batches (a recurrent hidden state) resets it. The
-    model's own `on_split_start(split)`, if it defines one, is called at the same time."""
+    model's own `on_split_start(split)`, if it defines one, is called at the same time,
+    except when a run resumes in the middle of the split (`first_iteration` > 1)."""
 
     split: str
     epoch: int
+    first_iteration: int = 1
 
 
 @dataclass(frozen=True)

@@ -10,22 +10,20 @@ listeners only receive what the loop hands them.
 
 from __future__ import annotations
 
-import copy
 import logging
 import sys
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import torch
 
 from ember.data.device import to_device
-from ember.environment import from_environment
 from ember.errors import TrainingError
-from ember.rng import capture_rng_state, restore_rng_state
 from ember.train.artifacts import Artifacts
 from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size
 from ember.train.checkpoint.policy import CheckpointPolicy, Resume
-from ember.train.describe import describe, describe_run, run_info
-from ember.train.distributed import Distributed, join, no_sync, setup, wrap
+from ember.train.describe import describe_run, run_info
+from ember.train.distributed import Distributed, join, no_sync, setup, world_size, wrap
 from ember.train.events import End, EndEpoch, ProcessedItem, Start, StartEpoch, StartSplit
 from ember.train.guard import LossGuard
 from ember.train.history import RunHistory
@@ -36,13 +34,28 @@ from ember.train.logger.file import FileMetricLogger
 from ember.train.options import LearnerOptions
 from ember.train.output import summed_loss_hint
 from ember.train.position import Position
+from ember.train.preflight import check_not_empty, check_validation
 from ember.train.processor import MetricsProcessor
 from ember.train.renderer.silent import SilentRenderer
 from ember.train.signals import signal_handlers
-from ember.train.step import check_steps, check_train_output
+from ember.train.step import call_step, check_steps, check_train_output
 
 log = logging.getLogger(__name__)
 EpochValues = dict[str, dict[str, float]]
+
+
+@dataclass
+class _Run:
+    """What `_prepare` readies for one `fit`."""
+
+    main: bool
+    resume: Resume
+    train: BatchPlanner
+    valid: BatchPlanner | None
+    notes: list[str]
+    loggers: dict[str, list[MetricLogger]]
+    renderer: Any
+    app_log: FileApplicationLogger
 
 
 class Learner:
@@ -111,7 +124,7 @@ class Learner:
         steps per epoch on the process with the most batches (under several processes
         each takes its share of the batches) and over the whole run. What an "auto" step
         count of a scheduler config is resolved from. None when the loader has no length."""
-        world = _world_size(self.devices)
+        world = world_size(self.devices)
         shard = (0, world) if world > 1 else None
         per_epoch = BatchPlanner(train, self.grads_accumulation, shard).steps_per_epoch()
         return per_epoch, None if per_epoch is None else per_epoch * self.num_epochs
@@ -173,99 +186,105 @@ class Learner:
     def _run(
         self, train: Iterable[Any], valid: Iterable[Any] | None, restore_best: bool
     ) -> torch.nn.Module:
-        """Check and restore everything, then prepare the directory, the loggers and the
-        processes; train; close. Nothing on disk changes before the resumed state loads."""
+        """Prepare (nothing on disk changes before the resumed state loads), start,
+        train every epoch, end; the loggers, the renderer and the log always close."""
+        run = self._prepare(train, valid)
+        reason = "failed"
+        try:
+            with signal_handlers(self.interrupter):
+                processor = self._start(run, valid)
+                reason = self._epochs(processor, run.train, run.valid, run.resume)
+                self.checkpoints.finish()  # the last checkpoint is on disk, or the run failed
+            self.outcome = reason
+            log.info("Training %s after epoch %d.", reason, self.epoch)
+            if restore_best:
+                self.checkpoints.restore_best(self.model, self.dist)
+            if self.options.summary and run.main:
+                self._print_summary()
+        except BaseException as error:
+            reason = self.outcome = self._failure(error)
+            raise
+        finally:
+            self._close(run.loggers, run.renderer, reason)
+            run.app_log.uninstall()
+        return self.model
+
+    def _prepare(self, train: Iterable[Any], valid: Iterable[Any] | None) -> _Run:
+        """Check the loaders, count the steps, load and restore the resumed state; only
+        then prepare the directory, open the log and make the loggers."""
         dist = self.dist
         main = dist is None or dist.main
-        _check_not_empty(train, "training", "fit(train, ...)")
+        check_not_empty(train, "training", "fit(train, ...)")
         if valid is not None:
-            _check_not_empty(valid, "validation", "fit(train) without validation data")
+            check_not_empty(valid, "validation", "fit(train) without validation data")
         resume = self.checkpoints.resume_point()
-        start = resume.position
         shard = (dist.rank, dist.world) if dist is not None else None
         train_plan = BatchPlanner(train, self.grads_accumulation, shard)
         valid_plan = BatchPlanner(valid, 1, shard) if valid is not None else None
         notes = self._count_steps(train_plan)
-        self._check_monitor()
+        self.optim.lr.check_monitor(
+            {split: [entry.name for entry in entries] for split, entries in self.metrics.items()}
+        )
         notes += [*resume.notes, *self.checkpoints.restore(resume, self.model, self.optim, dist)]
         if main:
-            self.artifacts.prepare(start.kept_epochs(), self.options.overwrite)
+            self.artifacts.prepare(resume.position.kept_epochs(), self.options.overwrite)
         self._load_history(resume, main)
         app_log = FileApplicationLogger(self.artifacts.experiment_log)
         if self.options.application_log and main:
             app_log.install()
         if main and self._run_lock is not None and self._run_lock.takeover_message:
-            log.warning("%s", self._run_lock.takeover_message)  # in experiment.log too
-        loggers = self._loggers(main)
-        complete = start.epoch > self.num_epochs  # a finished run resumed: nothing to show
+            notes.append(self._run_lock.takeover_message)
+        complete = resume.position.epoch > self.num_epochs  # a finished run: nothing to show
         renderer = self.renderer if main and not complete else SilentRenderer()
-        reason = "failed"
-        try:
-            for note in notes:
-                resumed = note.startswith(("Resumed from", "Resuming from"))
-                log.log(logging.INFO if resumed else logging.WARNING, "%s", note)
-            processor = MetricsProcessor(self.metrics, loggers, renderer, self.num_epochs)
-            if dist is not None:
-                self._prepare_processes(dist, processor, train_plan, valid_plan)
-            processes = dist.world if dist is not None else 1
-            start_loggers(
-                loggers, RunStart(start.epoch, start.iteration, not start.fresh, processes)
-            )
-            with signal_handlers(self.interrupter):
-                info = run_info(self, start)
-                log.info("%s", describe_run(self, info))
-                self.run_history.describe_model(info.model_name, info.num_parameters)
-                if complete:
-                    self.epoch = start.epoch - 1
-                    log.warning(
-                        "The run is already complete: its checkpoint is at the end of epoch %d "
-                        "and num_epochs is %d, so nothing is left to train and the trained model "
-                        "is returned as it is. Raise num_epochs to train further.",
-                        self.epoch,
-                        self.num_epochs,
-                    )
-                elif valid is not None:
-                    self._preflight_valid(valid, processor, start.epoch)
-                renderer.start(info)
-                self._emit(Start(start.epoch, self.num_epochs, str(self.artifact_dir)))
-                reason = self._epochs(processor, train_plan, valid_plan, resume)
-                self.checkpoints.finish()  # the last checkpoint is on disk, or the run failed
-            self.outcome = reason
-            log.info("Training %s after epoch %d.", reason, self.epoch)
-            if restore_best:
-                self.checkpoints.restore_best(self.model, dist)
-            if self.options.summary and main:
-                self._print_summary()
-        except BaseException as error:
-            where = f"epoch {self.epoch}, iteration {self.iteration}"
-            if isinstance(error, KeyboardInterrupt):
-                reason = "interrupted"
-                log.error("Training interrupted (KeyboardInterrupt) at %s.", where)
-            else:
-                reason = "failed"
-                elsewhere = dist.caused_elsewhere(error) if dist is not None else None
-                if elsewhere is not None:  # another rank failed: its record says why
-                    log.error("Training stopped at %s. %s", where, elsewhere)
-                else:
-                    log.exception("Training failed at %s.", where)
-            self.outcome = reason
-            raise
-        finally:
-            self._close(loggers, renderer, reason)
-            app_log.uninstall()
-        return self.model
+        loggers = self._loggers(main)
+        return _Run(main, resume, train_plan, valid_plan, notes, loggers, renderer, app_log)
 
-    def _check_monitor(self) -> None:
-        """A metric-driven schedule needs its metric registered: said before training."""
-        lr = self.optim.lr
-        if lr.plateau:
-            split, name = lr.monitor
-            if not any(entry.name == name for entry in self.metrics.get(split, ())):
-                raise TrainingError(
-                    f"ReduceLROnPlateau steps on the epoch value of {split} {name!r}, which "
-                    "this run does not register. Register that metric, or name another with "
-                    "LearnerBuilder.lr_monitor(metric, split)."
-                )
+    def _start(self, run: _Run, valid: Iterable[Any] | None) -> MetricsProcessor:
+        """Log what was prepared, join the processes, tell the loggers and the renderer,
+        check the validation step; return the run's metrics processor."""
+        start, dist = run.resume.position, self.dist
+        for note in run.notes:
+            resumed = note.startswith(("Resumed from", "Resuming from"))
+            log.log(logging.INFO if resumed else logging.WARNING, "%s", note)
+        processor = MetricsProcessor(self.metrics, run.loggers, run.renderer, self.num_epochs)
+        if dist is not None:
+            self._prepare_processes(dist, processor, run.train, run.valid)
+        processes = dist.world if dist is not None else 1
+        start_loggers(
+            run.loggers, RunStart(start.epoch, start.iteration, not start.fresh, processes)
+        )
+        info = run_info(self, start)
+        log.info("%s", describe_run(self, info))
+        self.run_history.describe_model(info.model_name, info.num_parameters)
+        if start.epoch > self.num_epochs:
+            self.epoch = start.epoch - 1
+            log.warning(
+                "The run is already complete: its checkpoint is at the end of epoch %d and "
+                "num_epochs is %d, so nothing is left to train and the trained model is "
+                "returned as it is. Raise num_epochs to train further.",
+                self.epoch,
+                self.num_epochs,
+            )
+        elif valid is not None and self.metrics.get("valid"):
+            check_validation(
+                self.model, valid, processor, start.epoch, self.device, self.optim.autocast
+            )
+        run.renderer.start(info)
+        self._emit(Start(start.epoch, self.num_epochs, str(self.artifact_dir)))
+        return processor
+
+    def _failure(self, error: BaseException) -> str:
+        """Log how the run ended on an exception; "interrupted" or "failed"."""
+        where = f"epoch {self.epoch}, iteration {self.iteration}"
+        if isinstance(error, KeyboardInterrupt):
+            log.error("Training interrupted (KeyboardInterrupt) at %s.", where)
+            return "interrupted"
+        elsewhere = self.dist.caused_elsewhere(error) if self.dist is not None else None
+        if elsewhere is not None:  # another rank failed: its record says why
+            log.error("Training stopped at %s. %s", where, elsewhere)
+        else:
+            log.exception("Training failed at %s.", where)
+        return "failed"
 
     def _count_steps(self, train: BatchPlanner) -> list[str]:
         """The run's optimizer steps, and the schedule that waits for them ("auto");
@@ -298,8 +317,8 @@ class Learner:
             values = self._train_epoch(processor, plan, resume)
             if values is None:  # stopped mid-epoch
                 position = Position(epoch, self.iteration, self.items, False)
-                lines = processor.line_counts()
-                self.checkpoints.save(position, self.model, self.optim, self.dist, lines)
+                lines, states = processor.line_counts(), processor.epoch_states()
+                self.checkpoints.save(position, self.model, self.optim, self.dist, lines, states)
                 return self._stop_reason()
             epoch_values = {"train": values}
             if valid is not None:
@@ -316,10 +335,12 @@ class Learner:
         None when a stop ended it early."""
         start, epoch, dist = plan.start, plan.start.epoch, self.dist
         self.model.train()
-        self._start_split("train", epoch)
+        self._start_split("train", epoch, start.iteration + 1)
         processor.start_split("train", epoch, plan.total, start.iteration + 1)
-        if start.iteration and (dist is None or dist.main):
-            self._resume_logs(processor, start, resume.log_lines)
+        if start.iteration:  # resumed mid-epoch: the epoch so far comes back
+            if dist is None or dist.main:
+                self._resume_logs(processor, start, resume.log_lines)
+            processor.restore_epoch_states(resume.metric_states(dist), self.device)
         self.iteration, self.items, stop = start.iteration, start.items, False
         with join(self._ddp):
             for step in plan:
@@ -358,7 +379,7 @@ class Learner:
                 batch = to_device(batch, self.device)
             with no_sync(ddp, index < last):
                 with optim.autocast():
-                    output = _call_step(forward, batch, "train_step", epoch, iteration)
+                    output = call_step(forward, batch, "train_step", epoch, iteration)
                 if iteration == check:
                     check_train_output(self.model, output)
                     processor.check("train", output.item, epoch)
@@ -407,7 +428,7 @@ class Learner:
                 for iteration, batch in enumerate(plan.loader, start=1):
                     if self._move:
                         batch = to_device(batch, self.device)
-                    item = _call_step(self.model.valid_step, batch, "valid_step", epoch, iteration)
+                    item = call_step(self.model.valid_step, batch, "valid_step", epoch, iteration)
                     processor.update(item, iteration, batch_size(batch), None)
                     if self.listeners:
                         self._emit(ProcessedItem("valid", epoch, iteration, plan.total, item, None))
@@ -440,12 +461,14 @@ class Learner:
         self._emit(EndEpoch(epoch, values))
         return reason
 
-    def _start_split(self, split: str, epoch: int) -> None:
-        """Tell the model (`on_split_start`, if it has one) and the listeners."""
+    def _start_split(self, split: str, epoch: int, first: int = 1) -> None:
+        """Tell the model (`on_split_start`, if it has one) and the listeners. A split
+        resumed in its middle (`first` > 1) does not start afresh: the model is not told,
+        and keeps the state its checkpoint restored (`get_extra_state`)."""
         hook = getattr(self.model, "on_split_start", None)
-        if callable(hook):
+        if callable(hook) and first == 1:
             hook(split)
-        self._emit(StartSplit(split, epoch))
+        self._emit(StartSplit(split, epoch, first))
 
     def _stop_reason(self) -> str:
         return f"stopped: {self.interrupter.message or 'stop requested on another rank'}"
@@ -510,32 +533,6 @@ class Learner:
         }
         processor.resume(rows)
 
-    def _preflight_valid(
-        self, loader: Iterable[Any], processor: MetricsProcessor, epoch: int
-    ) -> None:
-        """Run one validation batch before training, so that a valid_step or a validation
-        metric that cannot work fails now, not after an epoch. It runs on a copy of the
-        model, so state the model keeps across batches is untouched; RNGs are put back."""
-        if not self.metrics.get("valid"):
-            return
-        rng = capture_rng_state()
-        model = _copy(self.model)
-        try:
-            model.eval()
-            hook = getattr(model, "on_split_start", None)
-            if callable(hook):
-                hook("valid")
-            with torch.inference_mode(), self.optim.autocast():
-                for batch in loader:
-                    item = _call_step(
-                        model.valid_step, to_device(batch, self.device), "valid_step", 0, 1
-                    )
-                    processor.check("valid", item, epoch)
-                    break
-        finally:
-            model.train()
-            restore_rng_state(rng)
-
     # Ending ----------------------------------------------------------------------
     def _print_summary(self) -> None:
         from ember.train.summary import LearnerSummary
@@ -569,49 +566,3 @@ class Learner:
     def _emit(self, event: Any) -> None:
         for listener in self.listeners:
             listener.on_event(event)
-
-
-def _copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A deep copy of the model for a check that must leave the live one untouched (the
-    live model itself when it cannot be copied)."""
-    try:
-        return copy.deepcopy(model)
-    except Exception:
-        log.warning(
-            "%s cannot be copied: the validation check before training runs on the live model.",
-            type(model).__name__,
-        )
-        return model
-
-
-def _check_not_empty(loader: Iterable[Any], what: str, fix: str) -> None:
-    """A loader whose length is 0 is refused before anything starts."""
-    try:
-        empty = len(loader) == 0  # type: ignore[arg-type]
-    except TypeError:
-        return  # no length: an empty one is found at its first epoch
-    if empty:
-        raise TrainingError(
-            f"The {what} data loader is empty (0 batches): give it data (check the dataset, "
-            f"and drop_last with a batch size larger than the dataset), or call {fix}."
-        )
-
-
-def _world_size(devices: list[torch.device] | None) -> int:
-    """How many processes a run will have: torchrun's world, or one per listed device."""
-    placement = from_environment()
-    if placement is not None:
-        return placement[1]
-    return len(devices) if devices is not None and len(devices) > 1 else 1
-
-
-def _call_step(step: Any, batch: Any, name: str, epoch: int, iteration: int) -> Any:
-    try:
-        return step(batch)
-    except Exception as error:
-        if hasattr(error, "add_note"):
-            error.add_note(
-                f"ember: raised by {name} at epoch {epoch}, iteration {iteration}; "
-                f"the batch was {describe(batch)}"
-            )
-        raise

@@ -51,6 +51,7 @@ class MetricsProcessor:
         self._items = 0
         self._started = 0.0
         self._next_tick = 0.0
+        self._restore: tuple[list[dict[str, Any]], Any] | None = None
 
     def start_split(
         self, split: str, epoch: int, num_iterations: int | None, first_iteration: int = 1
@@ -106,6 +107,8 @@ class MetricsProcessor:
             for number in (value.value, value.weight):
                 if isinstance(number, Tensor) and number.numel() != 1:
                     _item(number, state.name)  # raises the message naming the metric
+        if split == self._split:
+            self._apply_restore()
 
     def update(self, item: Any, iteration: int, batch_size: int, lr: float | None) -> None:
         """One step's output: update every metric of the current split (no host sync)."""
@@ -272,6 +275,36 @@ class MetricsProcessor:
                 if dist.main:
                     metric.merge_epoch_states(everyone[1:])
 
+    def epoch_states(self) -> dict[str, Any]:
+        """The current split's whole-epoch metric states (`epoch_state()`), by name: what
+        a checkpoint taken mid-epoch keeps so a resumed epoch's value covers it all."""
+        return {
+            state.name: state.metric.epoch_state()
+            for state in self.states.get(self._split, ())
+            if callable(getattr(state.metric, "epoch_state", None))
+            and callable(getattr(state.metric, "merge_epoch_states", None))
+        }
+
+    def restore_epoch_states(self, saved: list[dict[str, Any]], device: Any) -> None:
+        """Resuming mid-epoch: merge the saved whole-epoch states (one dict per process
+        whose share this process now covers) back into the current split's metrics,
+        once the first batch's check (which clears the metrics) is done."""
+        self._restore = (saved, device)
+
+    def _apply_restore(self) -> None:
+        if self._restore is None:
+            return
+        from ember.record.tree import map_tensors
+
+        saved, device = self._restore
+        self._restore = None
+        for state in self.states.get(self._split, ()):
+            parts = [one[state.name] for one in saved if state.name in one]
+            if parts and callable(getattr(state.metric, "merge_epoch_states", None)):
+                state.metric.merge_epoch_states(
+                    [map_tensors(part, lambda tensor: tensor.to(device)) for part in parts]
+                )
+
     def line_counts(self) -> dict[str, int]:
         """Lines written so far this epoch per metric of the current split."""
         return {state.name: len(state.rows) for state in self.states.get(self._split, ())}
@@ -291,6 +324,7 @@ class MetricsProcessor:
         """Finish the current split's epoch; return each metric's epoch value (under
         several processes, rank 0's, which covers every rank's samples)."""
         records = self.sync(dist)
+        self._apply_restore()
         if dist is not None:
             self._merge_epoch_states(dist)
         aggregates: dict[str, float] = {}

@@ -34,6 +34,21 @@ class Resume:
         self.notes = notes or []
         """Warnings about the choice of checkpoint, logged once the run's log is open."""
 
+    def metric_states(self, dist: Any) -> list[dict[str, Any]]:
+        """The whole-epoch metric states a mid-epoch checkpoint kept that this process
+        takes back: its own rank's, or every rank's on rank 0 when the number of
+        processes changed (the others then take none)."""
+        if self.state is None:
+            return []
+        ranks = self.state["learner"].get("metric_states")
+        if not ranks:
+            return []
+        if dist is None:
+            return list(ranks)
+        if len(ranks) == dist.world:
+            return [ranks[dist.rank]]
+        return list(ranks) if dist.main else []
+
     @property
     def log_lines(self) -> dict[str, int] | None:
         """Lines each training metric log had when a mid-epoch checkpoint was taken."""
@@ -171,6 +186,7 @@ class CheckpointPolicy:
         optim: Any,
         dist: Any,
         lines: dict[str, int] | None = None,
+        metric_states: dict[str, Any] | None = None,
     ) -> None:
         """Checkpoint `position`: at an epoch end in the background, mid-epoch (a stop)
         waiting for the write. Every process takes part (random generator states)."""
@@ -184,6 +200,10 @@ class CheckpointPolicy:
         }
         if lines is not None:
             learner["log_lines"] = lines
+        if metric_states is not None:  # every rank's share of the epoch so far
+            learner["metric_states"] = (
+                dist.all_gather(metric_states) if dist is not None else [metric_states]
+            )
         if dist is not None:
             learner["rng_ranks"] = dist.all_gather(rng)
             if not dist.main:
