@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Mapping, Protocol, runtime_checkable
+from typing import Any, Iterable, Literal, Mapping, Protocol, runtime_checkable
 
 import torch
 
@@ -112,6 +112,18 @@ class LrDriver:
             self.scheduler.step(value)
         else:
             self.scheduler.step()
+
+    def check_monitor(self, registered: Mapping[str, Iterable[str]]) -> None:
+        """A metric-driven schedule needs its metric among the run's (`registered`:
+        metric names per split): said before training."""
+        if self.plateau:
+            split, name = self.monitor
+            if name not in set(registered.get(split, ())):
+                raise TrainingError(
+                    f"ReduceLROnPlateau steps on the epoch value of {split} {name!r}, which "
+                    "this run does not register. Register that metric, or name another with "
+                    "LearnerBuilder.lr_monitor(metric, split)."
+                )
 
     def check_interval(self, steps_per_epoch: int | None) -> str | None:
         """A warning when a torch schedule written to be stepped once per epoch would

@@ -1078,3 +1078,11 @@ _NULL = contextlib.nullcontext()
 def no_sync(ddp: Any, accumulate: bool) -> Any:
     """Skip DDP's gradient reduction on all but the last batch of a group."""
     return ddp.no_sync() if ddp is not None and accumulate else _NULL
+
+
+def world_size(devices: Sequence[torch.device] | None) -> int:
+    """How many processes a run will have: torchrun's world, or one per listed device."""
+    placement = from_environment()
+    if placement is not None:
+        return placement[1]
+    return len(devices) if devices is not None and len(devices) > 1 else 1

@@ -6,6 +6,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
+from ember.data.device import describe
 from ember.errors import TrainingError
 
 T = TypeVar("T")
@@ -86,3 +87,16 @@ def check_train_output(model: Any, output: Any) -> None:
             "train_step's loss does not require grad: it was computed without autograd "
             "(under torch.no_grad()/inference_mode, or from detached tensors)."
         )
+
+
+def call_step(step: Any, batch: Any, name: str, epoch: int, iteration: int) -> Any:
+    """Run a step; an error it raises gets a note naming the step, where and the batch."""
+    try:
+        return step(batch)
+    except Exception as error:
+        if hasattr(error, "add_note"):
+            error.add_note(
+                f"ember: raised by {name} at epoch {epoch}, iteration {iteration}; "
+                f"the batch was {describe(batch)}"
+            )
+        raise

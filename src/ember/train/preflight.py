@@ -1,0 +1,72 @@
+"""Checks before the first optimizer step: what cannot work fails in seconds, and
+leaves the run untouched (the model's state, the random generators, the directory)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Iterable
+
+import torch
+
+from ember.data.device import to_device
+from ember.errors import TrainingError
+from ember.rng import capture_rng_state, restore_rng_state
+from ember.train.processor import MetricsProcessor
+from ember.train.step import call_step
+
+log = logging.getLogger(__name__)
+
+
+def check_not_empty(loader: Iterable[Any], what: str, fix: str) -> None:
+    """A loader whose length is 0 is refused before anything starts."""
+    try:
+        empty = len(loader) == 0  # type: ignore[arg-type]
+    except TypeError:
+        return  # no length: an empty one is found at its first epoch
+    if empty:
+        raise TrainingError(
+            f"The {what} data loader is empty (0 batches): give it data (check the dataset, "
+            f"and drop_last with a batch size larger than the dataset), or call {fix}."
+        )
+
+
+def model_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of the model for a check that must leave the live one untouched (the
+    live model itself when it cannot be copied)."""
+    try:
+        return copy.deepcopy(model)
+    except Exception:
+        log.warning(
+            "%s cannot be copied: the validation check before training runs on the live model.",
+            type(model).__name__,
+        )
+        return model
+
+
+def check_validation(
+    model: torch.nn.Module,
+    loader: Iterable[Any],
+    processor: MetricsProcessor,
+    epoch: int,
+    device: torch.device,
+    autocast: Any,
+) -> None:
+    """Run one validation batch before training, so that a valid_step or a validation
+    metric that cannot work fails now, not after an epoch. It runs on a copy of the
+    model, so state the model keeps across batches is untouched; RNGs are put back."""
+    rng = capture_rng_state()
+    model = model_copy(model)
+    try:
+        model.eval()
+        hook = getattr(model, "on_split_start", None)
+        if callable(hook):
+            hook("valid")
+        with torch.inference_mode(), autocast():
+            for batch in loader:
+                item = call_step(model.valid_step, to_device(batch, device), "valid_step", 0, 1)
+                processor.check("valid", item, epoch)
+                break
+    finally:
+        model.train()
+        restore_rng_state(rng)
