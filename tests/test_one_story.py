@@ -147,3 +147,38 @@ def test_a_stateful_model_is_told_each_split_and_untouched_by_the_check(tmp_path
         "StartSplit",
     ]
     assert [e.split for e in events if isinstance(e, StartSplit)] == ["train", "valid"] * 2
+
+
+class CarriesInExtraState(Stateful):
+    """Keeps its carried count in its extra state, which checkpoints save with it."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen_at_resume: list[int] = []
+
+    def get_extra_state(self):
+        return {"carried": self.carried}
+
+    def set_extra_state(self, state):
+        self.carried = int(state["carried"])
+        self.seen_at_resume.append(self.carried)
+
+
+def test_a_split_resumed_in_its_middle_keeps_the_models_restored_state(tmp_path, loaders, quiet):
+    def builder():
+        return (
+            LearnerBuilder(tmp_path)
+            .metric_train_numeric(AccuracyMetric())
+            .with_file_checkpointer(DefaultRecorder())
+            .num_epochs(1)
+            .renderer(quiet)
+        )
+
+    first = builder()
+    first.listener(StopAt(first.interrupter(), 1, 3))
+    first.build(CarriesInExtraState(), AdamConfig().init(), 1e-2).fit(loaders[0])
+    model = CarriesInExtraState()
+    builder().checkpoint("latest").build(model, AdamConfig().init(), 1e-2).fit(loaders[0])
+    assert model.seen_at_resume == [3]  # restored from the checkpoint
+    assert model.starts == []  # not reset: the train split went on from batch 4
+    assert model.carried == len(loaders[0])  # counted on from 3 to the last batch
