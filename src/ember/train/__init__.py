@@ -7,6 +7,7 @@ from ember.train.checkpoint import (
     MetricCheckpointingStrategy,
 )
 from ember.train.early_stopping import MetricEarlyStoppingStrategy
+from ember.train.evaluator import EvaluationInterrupted, Evaluator, EvaluatorBuilder
 from ember.train.events import (
     End,
     EndEpoch,
@@ -31,6 +32,9 @@ __all__ = [
     "ComposedCheckpointingStrategy",
     "End",
     "EndEpoch",
+    "EvaluationInterrupted",
+    "Evaluator",
+    "EvaluatorBuilder",
     "Interrupter",
     "KeepLastNCheckpoints",
     "Learner",

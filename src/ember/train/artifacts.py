@@ -163,6 +163,40 @@ class Artifacts:
     def metric_log(self, split: str, epoch: int, name: str) -> Path:
         return metric_log_path(self.root / split, epoch, name)
 
+    # Evaluations -------------------------------------------------------------------
+    @property
+    def evaluation_log(self) -> Path:
+        return self.root / "evaluation.log"
+
+    @property
+    def evaluations(self) -> Path:
+        """`test/`: one folder per named evaluation."""
+        return self.root / "test"
+
+    def evaluation_dir(self, name: str) -> Path:
+        """`test/<name>/`. A name must be usable as a folder name as it is (letters,
+        digits and `._+-=@%()[]`, not starting with a dot), so that the folder holds
+        exactly the name given."""
+        if not isinstance(name, str) or not name or name.startswith(".") or _UNSAFE.search(name):
+            raise EmberError(
+                f"An evaluation name must be a non-empty folder name made of letters, digits "
+                f"and ._+-=@%()[] (not starting with '.'), got {name!r}."
+            )
+        return self.evaluations / name
+
+    def evaluation_metric_log(self, name: str, metric: str) -> Path:
+        """`test/<name>/<Metric>.log`: one `value,weight` line per batch."""
+        return self.evaluation_dir(name) / metric_file_name(metric)
+
+    def evaluation_partial(self, name: str) -> Path:
+        """`test/.<name>.partial/`: where an evaluation writes until it completes; it
+        then replaces `test/<name>/` (an interrupted one is removed)."""
+        return self.evaluations / f".{self.evaluation_dir(name).name}.partial"
+
+    def evaluation_values(self, name: str) -> Path:
+        """`test/<name>/values.json`: the evaluation's whole-set values."""
+        return self.evaluation_dir(name) / "values.json"
+
     def epoch_dirs(self, split: str) -> dict[int, Path]:
         """The `epoch-N` folders of a split, by epoch."""
         found: dict[int, Path] = {}

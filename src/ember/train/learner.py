@@ -24,9 +24,11 @@ from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size
 from ember.train.checkpoint.policy import CheckpointPolicy, Resume
 from ember.train.describe import describe_run, run_info
 from ember.train.distributed import Distributed, join, no_sync, setup, world_size, wrap
+from ember.train.evaluator import Evaluator
 from ember.train.events import End, EndEpoch, ProcessedItem, Start, StartEpoch, StartSplit
 from ember.train.guard import LossGuard
 from ember.train.history import RunHistory
+from ember.train.interrupter import Interrupter
 from ember.train.lock import RunLock
 from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.base import MetricLogger, RunStart, start_loggers
@@ -566,3 +568,31 @@ class Learner:
     def _emit(self, event: Any) -> None:
         for listener in self.listeners:
             listener.on_event(event)
+
+    # After the run ---------------------------------------------------------------
+    def _evaluator(self) -> Evaluator:
+        """An evaluator of the model with the learner's settings. It has an interrupter
+        of its own: a stop that ended `fit` (and sets `exit_code`) does not stop it."""
+        metrics = self.metrics.get("valid") or self.metrics.get("train") or ()
+        return Evaluator(
+            self.model,
+            self.device,
+            self.artifact_dir,
+            metrics,
+            self.renderer,
+            summary=self.options.summary,
+            interrupter=Interrupter(),
+            autocast=self.optim.autocast,
+        )
+
+    def evaluate(self, name: str, loader: Iterable[Any]) -> dict[str, float]:
+        """Evaluate the model (after `fit`: the trained one) on `loader` as
+        `Evaluator.eval` does, on the learner's device, into its artifact directory
+        (`test/<name>/`), with its validation metrics (the training ones when it has
+        none); return `{metric: value}` over the whole set."""
+        return self._evaluator().eval(name, loader)
+
+    def predict(self, loader: Iterable[Any]) -> Any:
+        """The model's outputs over `loader`, on the CPU, concatenated along the first
+        dimension, as `Evaluator.predict` returns them."""
+        return self._evaluator().predict(loader)

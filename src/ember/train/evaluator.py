@@ -1,0 +1,447 @@
+"""Evaluating and predicting with a model: `EvaluatorBuilder`, `Evaluator`.
+
+`Evaluator.eval(name, loader)` runs the model's `test_step` (or `valid_step`) over a
+whole data set with the metrics, the renderer and the per-batch metric files of a
+training run, and returns each metric's value over the whole set. `predict(loader)`
+runs the model over a data set and returns its outputs, concatenated.
+
+```
+ARTIFACT_DIR/
+├── evaluation.log              Python logging of the evaluations
+└── test/<name>/
+    ├── <Metric>.log            one "value,weight" line per batch
+    └── values.json             {"name", "values", "items", "batches"}
+```
+
+An evaluation writes into `test/.<name>.partial/` and replaces `test/<name>/` only
+once it completes, so an interrupted evaluation leaves nothing behind and an earlier
+evaluation of the same name stays as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterable, Sequence
+
+import torch
+
+from ember.data.device import to_device
+from ember.errors import ConfigError, TrainingError
+from ember.train.artifacts import Artifacts, format_line, format_value, metric_file_name
+from ember.train.batches import batch_size
+from ember.train.interrupter import Interrupter
+from ember.train.logger.application import FileApplicationLogger
+from ember.train.logger.base import MetricRecord
+from ember.train.metric.base import Metric, RegisteredMetric
+from ember.train.plugins import check_plugin
+from ember.train.processor import MetricsProcessor
+from ember.train.renderer.base import Renderer, RunInfo
+from ember.train.signals import signal_handlers
+from ember.train.step import call_step
+
+__all__ = ["EvaluationInterrupted", "Evaluator", "EvaluatorBuilder", "concat_outputs"]
+
+log = logging.getLogger(__name__)
+SPLIT = "test"
+
+
+class EvaluationInterrupted(TrainingError):
+    """An evaluation stopped by Ctrl-C, SIGTERM or `Interrupter.stop`: its partial
+    values were discarded (an earlier evaluation of the same name is kept)."""
+
+
+class EvaluatorBuilder:
+    """Options of an evaluator, as chained calls; `build(model)`.
+
+    Everything it writes goes under `artifact_dir` (it may be a training run's
+    directory: evaluations go to `test/` and `evaluation.log`, beside the run's files).
+    """
+
+    def __init__(self, artifact_dir: str | os.PathLike[str]) -> None:
+        self._artifact_dir = Path(artifact_dir)
+        self._metrics: list[RegisteredMetric] = []
+        self._renderer: Renderer | None = None
+        self._summary = False
+        self._device: torch.device | None = None
+        self._interrupter = Interrupter()
+
+    def _add_metric(self, metric: Any, numeric: bool) -> EvaluatorBuilder:
+        check_plugin(metric, Metric, "a metric")
+        name = str(metric.name)
+        if any(existing.name == name for existing in self._metrics):
+            raise ConfigError(f"The metric {name!r} is registered twice: register each once.")
+        self._metrics.append(RegisteredMetric(metric, numeric))
+        return self
+
+    def metric(self, metric: Any) -> EvaluatorBuilder:
+        """A metric, shown as text and logged."""
+        return self._add_metric(metric, numeric=False)
+
+    def metric_numeric(self, metric: Any) -> EvaluatorBuilder:
+        """A metric, shown, logged and plotted."""
+        return self._add_metric(metric, numeric=True)
+
+    def renderer(self, renderer: Any) -> EvaluatorBuilder:
+        """How progress is shown (default: `PlainRenderer()`, plain text lines: one pass
+        over a data set needs no live dashboard)."""
+        check_plugin(renderer, Renderer, "a renderer")
+        self._renderer = renderer
+        return self
+
+    def summary(self) -> EvaluatorBuilder:
+        """Print (and log) a table of the values at the end of each evaluation."""
+        self._summary = True
+        return self
+
+    def devices(self, devices: Sequence[str | torch.device]) -> EvaluatorBuilder:
+        """The device to evaluate on, e.g. `["cpu"]` or `["cuda:0"]` (default: the
+        device of the model's parameters). An evaluation runs on one device."""
+        if isinstance(devices, (str, torch.device)):
+            devices = [devices]
+        if len(devices) != 1:
+            raise ConfigError(
+                f"devices() of an evaluator takes one device (an evaluation runs on one "
+                f"process), got {len(devices)}."
+            )
+        try:
+            device = torch.device(devices[0])
+        except (RuntimeError, TypeError) as error:
+            raise ConfigError(f"devices(): {error}") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"devices(): {device} is not available: torch sees no CUDA device.")
+        self._device = device
+        return self
+
+    def interrupter(self) -> Interrupter:
+        """The handle that stops an evaluation from code (`stop(message)`)."""
+        return self._interrupter
+
+    def build(self, model: torch.nn.Module) -> Evaluator:
+        """The evaluator of `model` (moved to the device)."""
+        from ember.train.renderer.plain import PlainRenderer
+
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"build() needs a torch.nn.Module, got {type(model).__name__}.")
+        device = self._device if self._device is not None else _model_device(model)
+        model.to(device)
+        return Evaluator(
+            model,
+            device,
+            self._artifact_dir,
+            tuple(self._metrics),
+            self._renderer if self._renderer is not None else PlainRenderer(),
+            summary=self._summary,
+            interrupter=self._interrupter,
+        )
+
+
+class Evaluator:
+    """Evaluates (`eval`) and runs (`predict`) one model on one device."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        artifact_dir: str | os.PathLike[str],
+        metrics: Sequence[RegisteredMetric],
+        renderer: Renderer,
+        *,
+        summary: bool = False,
+        interrupter: Interrupter | None = None,
+        autocast: Callable[[], ContextManager[Any]] | None = None,
+    ) -> None:
+        self.model = model
+        self.device = torch.device(device)
+        self.artifact_dir = Path(artifact_dir)
+        self.artifacts = Artifacts(artifact_dir)
+        self.metrics = tuple(metrics)
+        self.renderer = renderer
+        self.summary = summary
+        self.interrupter = interrupter if interrupter is not None else Interrupter()
+        self._autocast = autocast if autocast is not None else contextlib.nullcontext
+
+    # Evaluation ------------------------------------------------------------------
+    def eval(self, name: str, loader: Iterable[Any]) -> dict[str, float]:
+        """Evaluate the model on every batch of `loader`; return `{metric: value}`
+        over the whole set (each metric's epoch value), also saved in
+        `test/<name>/values.json`. An evaluation of the same name is replaced."""
+        _check_one_process("eval")
+        step, step_name = self._step()
+        artifacts = self.artifacts
+        final = artifacts.evaluation_dir(name)
+        partial = artifacts.evaluation_partial(name)
+        artifacts.check_writable()
+        app_log = FileApplicationLogger(artifacts.evaluation_log)
+        app_log.install()
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        logger = _EvaluationLogger(partial)
+        processor = MetricsProcessor({SPLIT: self.metrics}, {SPLIT: [logger]}, self.renderer, 1)
+        reason = "failed"
+        try:
+            log.info(
+                "Evaluation %r of %s on %s (%s), metrics: %s.",
+                name,
+                type(self.model).__name__,
+                self.device,
+                step_name,
+                ", ".join(entry.name for entry in self.metrics) or "none",
+            )
+            self.renderer.start(self._info())
+            with signal_handlers(self.interrupter):
+                values, items, batches = self._run(processor, step, step_name, loader)
+            if values is None:
+                reason = f"stopped: {self.interrupter.message or 'stop requested'}"
+                log.warning(
+                    "Evaluation %r %s after %d batch(es); its partial values were discarded.",
+                    name,
+                    reason,
+                    batches,
+                )
+                raise EvaluationInterrupted(
+                    f"Evaluation {name!r} {reason} after {batches} batch(es); its partial values "
+                    "were discarded."
+                )
+            logger.close()
+            record = {"name": name, "values": values, "items": items, "batches": batches}
+            text = json.dumps(record, indent=2) + "\n"
+            (partial / "values.json").write_text(text, encoding="utf-8")
+            if final.exists():
+                log.info("Evaluation %r replaces the earlier evaluation of that name.", name)
+                shutil.rmtree(final)
+            partial.rename(final)
+            reason = "completed"
+            text_values = ", ".join(f"{key} {value!r}" for key, value in values.items())
+            log.info("Evaluation %r (%d items): %s", name, items, text_values or "no metrics")
+            if self.summary:
+                table = summary_table(name, values, items)
+                print(table)
+                log.info("%s", table)
+            return values
+        except BaseException as error:
+            if reason == "failed":
+                log.error("Evaluation %r failed: %s", name, error)
+            raise
+        finally:
+            self.interrupter.reset()
+            logger.close()
+            shutil.rmtree(partial, ignore_errors=True)
+            try:
+                self.renderer.end(reason)
+            finally:
+                app_log.uninstall()
+
+    def _run(
+        self, processor: MetricsProcessor, step: Any, step_name: str, loader: Iterable[Any]
+    ) -> tuple[dict[str, float] | None, int, int]:
+        """Every batch: the step in eval mode under inference mode; the whole-set values
+        (None when a stop came first), the items and the batches seen."""
+        total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
+        processor.start_split(SPLIT, 1, total)
+        training = self.model.training
+        self.model.eval()
+        items = batches = 0
+        try:
+            with torch.inference_mode(), self._autocast():
+                for iteration, batch in enumerate(loader, start=1):
+                    if self.device.type != "cpu":
+                        batch = to_device(batch, self.device)
+                    item = call_step(step, batch, step_name, 1, iteration)
+                    if iteration == 1:
+                        processor.check(SPLIT, item)
+                    size = batch_size(batch)
+                    processor.update(item, iteration, size, None)
+                    items, batches = items + size, iteration
+                    if self.interrupter.should_stop():
+                        return None, items, batches
+            if batches == 0:
+                raise TrainingError(
+                    "The evaluation data loader yielded no batch: check that its dataset is "
+                    "not empty."
+                )
+            return processor.end_split(), items, batches
+        finally:
+            self.model.train(training)
+
+    def _step(self) -> tuple[Any, str]:
+        for name in ("test_step", "valid_step"):
+            step = getattr(self.model, name, None)
+            if callable(step):
+                return step, name
+        raise TrainingError(
+            f"{type(self.model).__name__} has no test_step or valid_step method: an evaluation "
+            "runs `test_step(self, batch) -> output` (or else `valid_step`), whose output the "
+            "metrics read."
+        )
+
+    def _info(self) -> RunInfo:
+        return RunInfo(
+            artifact_dir=str(self.artifact_dir),
+            start_epoch=1,
+            num_epochs=1,
+            model_name=type(self.model).__name__,
+            num_parameters=sum(p.numel() for p in self.model.parameters()),
+            devices=(str(self.device),),
+            metrics=tuple((SPLIT, e.name, e.unit, e.numeric) for e in self.metrics),
+            interrupter=self.interrupter,
+        )
+
+    # Prediction ------------------------------------------------------------------
+    def predict(self, loader: Iterable[Any]) -> Any:
+        """The model's outputs over every batch of `loader`, on the CPU, concatenated
+        along the first dimension (see `concat_outputs`). Each batch goes to the
+        model's `predict_step(batch)` when it has one, else to `forward`: the batch
+        itself when it is a tensor, otherwise its first tensor (depth first through
+        tuples, lists, dicts and dataclasses, e.g. the inputs of `(inputs, targets)`)."""
+        _check_one_process("predict")
+        return predict(self.model, loader, self.device, self._autocast)
+
+
+def predict(
+    model: torch.nn.Module,
+    loader: Iterable[Any],
+    device: torch.device,
+    autocast: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+) -> Any:
+    """`Evaluator.predict` for any model and device (in eval mode, inference mode)."""
+    own = getattr(model, "predict_step", None)
+    outputs: list[Any] = []
+    training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode(), autocast():
+            for batch in loader:
+                if device.type != "cpu":
+                    batch = to_device(batch, device)
+                output = own(batch) if callable(own) else model(_first_tensor(batch))
+                outputs.append(to_device(output, torch.device("cpu"), non_blocking=False))
+    finally:
+        model.train(training)
+    return concat_outputs(outputs)
+
+
+def concat_outputs(outputs: list[Any]) -> Any:
+    """Batch outputs as one: tensors concatenated along the first dimension; dataclasses,
+    named tuples, tuples, lists and dicts of tensors concatenated field by field (the
+    same structure back; None fields stay None); anything else (or tensors without a
+    first dimension) as the list of the outputs."""
+    if not outputs:
+        return []
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        if first.dim() > 0 and all(
+            isinstance(o, torch.Tensor) and o.dim() == first.dim() for o in outputs
+        ):
+            return torch.cat(outputs)
+        return outputs
+    if first is None and all(o is None for o in outputs):
+        return None
+    if not all(type(o) is type(first) for o in outputs):
+        return outputs
+    if dataclasses.is_dataclass(first) and not isinstance(first, type):
+        changes = {
+            field.name: concat_outputs([getattr(o, field.name) for o in outputs])
+            for field in dataclasses.fields(first)
+            if field.init
+        }
+        return dataclasses.replace(first, **changes)
+    if isinstance(first, (tuple, list)) and len({len(o) for o in outputs}) == 1:
+        parts = [concat_outputs([o[i] for o in outputs]) for i in range(len(first))]
+        if hasattr(first, "_fields"):
+            return type(first)(*parts)
+        return tuple(parts) if isinstance(first, tuple) else parts
+    if isinstance(first, dict) and all(o.keys() == first.keys() for o in outputs):
+        return {key: concat_outputs([o[key] for o in outputs]) for key in first}
+    return outputs
+
+
+def _first_tensor(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch
+    found = _find_tensor(batch)
+    if found is None:
+        raise TrainingError(
+            f"predict() found no tensor in a batch of type {type(batch).__name__} to pass to "
+            "forward: give the model a predict_step(self, batch) method."
+        )
+    return found
+
+
+def _find_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        children: Iterable[Any] = (getattr(value, f.name) for f in dataclasses.fields(value))
+    elif isinstance(value, (tuple, list)):
+        children = value
+    elif isinstance(value, dict):
+        children = value.values()
+    else:
+        return None
+    for child in children:
+        found = _find_tensor(child)
+        if found is not None:
+            return found
+    return None
+
+
+def summary_table(name: str, values: dict[str, float], items: int) -> str:
+    """The table `summary()` prints after an evaluation."""
+    rows = [(metric, format_value(value)) for metric, value in values.items()]
+    width = max([len("Metric"), *(len(metric) for metric, _ in rows)])
+    lines = [f"Evaluation {name!r} ({items} items)", f"{'Metric':<{width}}  Value"]
+    lines += [f"{metric:<{width}}  {value}" for metric, value in rows]
+    return "\n".join(lines)
+
+
+def _check_one_process(what: str) -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise TrainingError(
+            f"{what}() runs on one process, but torch.distributed has {dist.get_world_size()} "
+            f"processes. Call {what}() from one process only, outside the process group (e.g. "
+            "after fit returns, or in a separate script)."
+        )
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    return torch.device("cpu")
+
+
+class _EvaluationLogger:
+    """Writes one evaluation's metric lines: `<directory>/<Metric>.log`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._files: dict[str, Any] = {}
+
+    def log(self, split: str, epoch: int, records: Sequence[MetricRecord]) -> None:
+        lines: dict[str, list[str]] = {}
+        for record in records:
+            lines.setdefault(record.name, []).append(format_line(record.value, record.weight))
+        for name, text in lines.items():
+            handle = self._files.get(name)
+            if handle is None:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                path = self.directory / metric_file_name(name)
+                handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+                self._files[name] = handle
+            handle.write("".join(text))
+            handle.flush()
+
+    def end_epoch(self, split: str, epoch: int, aggregates: dict[str, float]) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for handle in self._files.values():
+            handle.close()
+        self._files.clear()
