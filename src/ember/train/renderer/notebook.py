@@ -149,6 +149,9 @@ class NotebookRenderer:
             return
         cost = time.perf_counter() - began
         self.frames += 1
+        if opening:  # before training, with one-time costs: not part of the budget
+            self._next = time.perf_counter() + self.interval
+            return
         self.draw_seconds += cost
         # Space the views so that each one costs at most `render_budget` of the time.
         spacing = cost / self.render_budget if self.render_budget > 0 else 0.0
