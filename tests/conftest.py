@@ -33,3 +33,15 @@ def quiet():
     renderer = PlainRenderer(interval=0.0, stream=stream)
     renderer.stream_text = stream  # type: ignore[attr-defined]
     return renderer
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny ops on one thread: a loop and its reference run alike either way, and on a
+    busy machine intra-op threads only wait for each other."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -106,3 +106,16 @@ def fresh(code: str) -> Any:
     """What `code` prints as JSON, run in a fresh interpreter (which must exit with 0)."""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
+
+
+def load_example(path: Path, name: str) -> Any:
+    """An example script loaded as a module of its own `name` (several examples share
+    file names such as training.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -3,7 +3,6 @@ that beats predicting the mean."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +10,7 @@ import sys
 from pathlib import Path
 
 import torch
+from ember_testing import load_example
 
 from ember.record import DefaultRecorder
 from ember.train.logger import read_metric_log
@@ -19,13 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "diabetes" / "training.py"
 
 
-def load_example():
+def load_diabetes():
     """The example as a module of its own name (examples/mnist has a training.py too)."""
-    spec = importlib.util.spec_from_file_location("diabetes_training", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_example(SCRIPT, "diabetes_training")
 
 
 def test_a_short_run_writes_its_artifacts_and_beats_the_mean_predictor(tmp_path):
@@ -75,7 +71,7 @@ def test_a_short_run_writes_its_artifacts_and_beats_the_mean_predictor(tmp_path)
     assert f"model-{results['best_epoch']}.mpk" in kept  # the best epoch is kept for restore_best
 
     # The saved model is the restored best one: it reproduces the reported RMSE.
-    example = load_example()
+    example = load_diabetes()
     model = DefaultRecorder().load(example.ModelConfig().init(), directory / "model").eval()
     data = example.load_splits(0.2, 42)
     with torch.inference_mode():
@@ -86,7 +82,7 @@ def test_a_short_run_writes_its_artifacts_and_beats_the_mean_predictor(tmp_path)
 
 
 def test_the_epoch_rmse_is_exact_over_the_epoch_not_a_mean_of_batches():
-    example = load_example()
+    example = load_diabetes()
     from ember.train.metric import MetricMetadata, RegressionInput
 
     metric = example.RmseMetric(scale=2.0)

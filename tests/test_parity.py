@@ -69,16 +69,6 @@ def raw_loop(
     return losses
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny ops on one thread: both loops run alike either way, and on a busy machine
-    intra-op threads only wait for each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize(
     ("optimizer", "accumulation", "checkpoint"),
     [("config", 1, False), ("torch", 1, True), ("config", 2, False)],

@@ -3,33 +3,21 @@ the script's "average loss", the summed BCE + KLD divided by the number of image
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from ember_testing import load_example
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def load(name: str):
     """An example of examples/ported as a module of its own name."""
-    path = ROOT / "examples" / "ported" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"ported_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_example(ROOT / "examples" / "ported" / f"{name}.py", f"ported_{name}")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Both loops on one thread: faster on a shared 2-core machine, and the same kernels."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def plain_loop(vae, config):

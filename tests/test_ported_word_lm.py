@@ -5,14 +5,13 @@ resumed ends with the same weights as one never stopped."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from ember_testing import load_example
 
 from ember.train import StartSplit
 
@@ -22,20 +21,10 @@ PORTED = ROOT / "examples" / "ported"
 
 def load(name: str):
     """An example of examples/ported as a module of its own name."""
-    spec = importlib.util.spec_from_file_location(f"ported_{name}", PORTED / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_example(ROOT / "examples" / "ported" / f"{name}.py", f"ported_{name}")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """A tiny model runs fastest on one thread, and the two loops compare on the same."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -165,11 +154,7 @@ def test_batches_are_time_major_and_count_their_sequences(lm):
 
 
 def test_the_bundled_corpus_is_what_its_generator_writes():
-    spec = importlib.util.spec_from_file_location(
-        "ported_make_corpus", PORTED / "data" / "make_corpus.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_example(PORTED / "data" / "make_corpus.py", "ported_make_corpus")
     text = (PORTED / "data" / "sentences.txt").read_text(encoding="utf-8")
     assert text == module.corpus()
     assert 4000 < len(text.split()) < 8000
