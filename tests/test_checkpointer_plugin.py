@@ -5,7 +5,6 @@ and restores the best epoch."""
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any, Callable
 
 import pytest
@@ -17,6 +16,7 @@ from ember.data import DataLoaderBuilder
 from ember.errors import ConfigError
 from ember.optim import AdamConfig
 from ember.train import LearnerBuilder, ProcessedItem
+from ember.train.history import RunHistory
 from ember.train.metric import AccuracyMetric, LossMetric
 
 
@@ -129,7 +129,7 @@ def test_a_checkpointer_of_ones_own_resumes_exactly_and_keeps_what_the_strategy_
     assert_same_weights(straight, resumed)
 
     # The default strategy (last 2 and the best valid Loss) ran over this storage too.
-    history = json.loads((tmp_path / "b" / "history.json").read_text())
+    history = RunHistory.load(tmp_path / "b" / "history.jsonl").to_json()
     losses = {entry["epoch"]: entry["valid"]["Loss"] for entry in history["epochs"]}
     best = min(losses, key=losses.__getitem__)
     assert memory.epochs() == sorted({3, 4, best})

@@ -4,7 +4,6 @@ scheduler can read, one fit per learner, and torch.compile as a builder option."
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -23,6 +22,7 @@ from ember.train import (
     ProcessedItem,
     TrainOutput,
 )
+from ember.train.history import RunHistory
 from ember.train.metric import AccuracyMetric, AurocMetric, LossMetric
 
 
@@ -269,7 +269,7 @@ def test_every_figure_of_an_epoch_is_the_exact_epoch_value(tmp_path, loaders, qu
     )
     ember.seed(0)
     learner.fit(*loaders)
-    history = json.loads((tmp_path / "history.json").read_text())
+    history = RunHistory.load(tmp_path / "history.jsonl").to_json()
     exact = {e["epoch"]: e["valid"]["AUROC"] for e in history["epochs"]}
     assert exact == {epoch: values["valid"]["AUROC"] for epoch, values in learner.history}
     plotted = next(m for m in read_run(tmp_path) if m.name == "AUROC").epochs("valid")

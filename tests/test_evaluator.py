@@ -179,7 +179,7 @@ def test_learner_evaluate_after_fit(tmp_path, loaders, quiet):
     assert values.keys() == {"Accuracy", "Loss"}
     assert values["Accuracy"] == pytest.approx(expected["Accuracy"], abs=1e-9)
     assert values["Loss"] == pytest.approx(expected["Loss"], rel=1e-5)
-    assert (tmp_path / "history.json").exists()
+    assert (tmp_path / "history.jsonl").exists()
     assert tree(tmp_path / "test") == [
         "holdout/Accuracy.log",
         "holdout/Loss.log",

@@ -3,11 +3,12 @@ their states are merged on rank 0, so 1 and 2 processes give the same epoch valu
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from ember_testing import run_script
+
+from ember.train.history import RunHistory
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_gather.py"
 
@@ -15,7 +16,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "train_gather.py"
 def valid_values(directory: Path, processes: int) -> dict[str, float]:
     done = run_script(SCRIPT, str(directory), "--processes", str(processes), timeout=180)
     assert done.returncode == 0, done.stderr
-    history = json.loads((directory / "history.json").read_text())
+    history = RunHistory.load(directory / "history.jsonl").to_json()
     return history["epochs"][0]["valid"]
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -15,6 +14,7 @@ import ember
 from ember.errors import ConfigError, TrainingError
 from ember.optim import AdamConfig, SgdConfig
 from ember.train import LearnerBuilder, RegressionOutput, TrainOutput
+from ember.train.history import RunHistory
 from ember.train.logger import read_metric_log
 from ember.train.metric import AccuracyMetric, LossMetric
 
@@ -42,7 +42,7 @@ def test_artifact_tree_matches_the_seed_layout(tmp_path, loaders, quiet):
     learner.fit(*loaders)
     assert tree(tmp_path) == [
         "experiment.log",
-        "history.json",
+        "history.jsonl",
         "train/epoch-1/Accuracy.log",
         "train/epoch-1/Loss.log",
         "train/epoch-2/Accuracy.log",
@@ -224,7 +224,7 @@ def test_a_directory_holding_a_run_is_not_mixed_with_a_new_one(tmp_path, loaders
         )
     fresh = LearnerBuilder(tmp_path, overwrite=True).metric_train(LossMetric()).renderer(quiet)
     fresh.build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
-    assert tree(tmp_path) == ["experiment.log", "history.json", "train/epoch-1/Loss.log"]
+    assert tree(tmp_path) == ["experiment.log", "history.jsonl", "train/epoch-1/Loss.log"]
 
 
 @pytest.mark.parametrize(
@@ -289,7 +289,7 @@ def test_summary_table_is_printed_logged_and_available_from_the_cli(
         ("valid", "Loss"),
     }
     assert printed.strip() in (tmp_path / "experiment.log").read_text()
-    history = json.loads((tmp_path / "history.json").read_text())
+    history = RunHistory.load(tmp_path / "history.jsonl").to_json()
     for line in printed.splitlines()[3:]:
         split, name, low, low_epoch, high, high_epoch = (
             c.strip() for c in line.strip("|").split("|")

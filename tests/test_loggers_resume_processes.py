@@ -5,7 +5,6 @@ point at its true step. Each logger is read back with its own reader."""
 from __future__ import annotations
 
 import csv
-import json
 import signal
 import subprocess
 import sys
@@ -16,6 +15,9 @@ import pytest
 from ember_testing import run_script
 from mlflow import MlflowClient
 from tensorboard.backend.event_processing import event_accumulator
+
+from ember.errors import EmberError
+from ember.train.history import RunHistory
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_loggers.py"
 ITERATIONS = 20  # 320 samples in batches of 16
@@ -39,13 +41,13 @@ def interrupt(directory: Path, how: signal.Signals, *args: str, pause_at: int = 
         text=True,
     )
     deadline = time.monotonic() + 120
-    history = directory / "run" / "history.json"
+    history = directory / "run" / "history.jsonl"
     while time.monotonic() < deadline and process.poll() is None:
         if (directory / "paused").exists() and history.exists():
             try:
-                if 1 in json.loads(history.read_text())["checkpoints"]:
+                if 1 in RunHistory.load(history).checkpoints:
                     break
-            except ValueError:
+            except EmberError:
                 pass  # being replaced
         time.sleep(0.05)
     assert process.poll() is None, process.stderr.read() if process.stderr else ""

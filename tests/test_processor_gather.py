@@ -42,7 +42,7 @@ class Rank:
 def processor(tick: float) -> tuple[MetricsProcessor, InMemoryMetricLogger]:
     memory = InMemoryMetricLogger()
     metrics = {"train": [RegisteredMetric(Value(), True)]}
-    return MetricsProcessor(metrics, {"train": [memory]}, None, 3, tick=tick), memory
+    return MetricsProcessor(metrics, {"train": [memory]}, None, 3, tick=tick, gathers=True), memory
 
 
 def test_a_rank_sends_each_row_with_its_iteration_after_ticks_and_a_resume():

@@ -113,7 +113,8 @@ def _save(figure: Any, canvas: Any, path: Path) -> None:
 
 
 def plot_iterations(metric: MetricLogs, path: Path) -> Path:
-    """Per-iteration curves, one panel per split, epoch boundaries marked."""
+    """Per-iteration curves, one panel per split, epoch boundaries marked (one line
+    collection and a top axis, however many epochs)."""
     Figure, Canvas = _matplotlib()
     splits = [s for s in SPLITS if metric.splits.get(s)]
     figure = Figure(figsize=(11, 3.2 * len(splits) + 0.8), layout="constrained")
@@ -140,16 +141,7 @@ def plot_iterations(metric: MetricLogs, path: Path) -> Path:
                 marker="." if len(xs) < 30 else None,
                 label=split,
             )
-        for _, first in starts[1:]:
-            ax.axvline(first - 0.5, color="grey", linewidth=0.8, linestyle=":", alpha=0.8)
-        if len(starts) > 1:
-            bounds = [first - 0.5 for _, first in starts] + [len(xs) + 0.5]
-            centres = [(a + b) / 2 for a, b in itertools.pairwise(bounds)]
-            step = max(1, math.ceil(len(starts) / 20))
-            secondary = ax.secondary_xaxis("top")
-            secondary.set_xticks(centres[::step], [str(e) for e, _ in starts][::step])
-            secondary.set_xlabel("epoch", fontsize=9)
-            secondary.tick_params(labelsize=8, length=0)
+        _epoch_axis(ax, starts, len(xs))
         ax.set_xlim(0.5, max(len(xs), 1) + 0.5)
         ax.set_ylabel(metric.name)
         ax.set_xlabel(f"{split} iteration (counted across epochs)")
@@ -158,6 +150,43 @@ def plot_iterations(metric: MetricLogs, path: Path) -> Path:
     figure.suptitle(f"{metric.name} per iteration", fontsize=14, fontweight="bold")
     _save(figure, Canvas, path)
     return path
+
+
+EPOCH_LABELS = 20
+"""At most this many epochs are labelled on the top axis of an iteration chart."""
+EPOCH_LINES = 50
+"""Up to this many epochs, every epoch boundary is a dotted line across the chart;
+beyond, only the labelled epochs' boundaries are (the others are ticks on the top axis)."""
+
+
+def _epoch_axis(ax: Any, starts: list[tuple[int, int]], count: int) -> None:
+    """Epoch boundaries on an iteration chart: a top axis with a tick at each epoch's
+    start (labelled for at most `EPOCH_LABELS` epochs) and dotted lines drawn as one
+    artist. The number of artists does not grow with the number of epochs."""
+    if len(starts) < 2:
+        return
+    bounds = [first - 0.5 for _, first in starts]
+    step = max(1, math.ceil(len(starts) / EPOCH_LABELS))
+    labelled = list(range(0, len(starts), step))
+    secondary = ax.secondary_xaxis("top")
+    centres = [(a + b) / 2 for a, b in itertools.pairwise([*bounds, count + 0.5])]
+    secondary.set_xticks([centres[i] for i in labelled], [str(starts[i][0]) for i in labelled])
+    secondary.tick_params(labelsize=8, length=0)
+    secondary.set_xlabel("epoch", fontsize=9)
+    # Past EPOCH_LINES epochs, a line at every boundary would hide the curve: the
+    # labelled epochs' boundaries only.
+    every = len(starts) <= EPOCH_LINES
+    lines = bounds[1:] if every else [bounds[i] for i in labelled if i > 0]
+    ax.vlines(
+        lines,
+        0,
+        1,
+        transform=ax.get_xaxis_transform(),
+        colors="grey",
+        linewidth=0.8,
+        linestyles=":",
+        alpha=0.8,
+    )
 
 
 def plot_epochs(metric: MetricLogs, path: Path) -> Path:

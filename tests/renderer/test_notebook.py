@@ -152,7 +152,7 @@ def test_the_final_view_holds_the_run_as_logged(executed):
     assert "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
     assert text.splitlines()[0].startswith("ember · Classifier · ")
     assert text.splitlines()[0].endswith(" · completed")
-    logged = dict(RunHistory.load(root / "history.json").epochs)[last]
+    logged = dict(RunHistory.load(root / "history.jsonl").epochs)[last]
     for split in ("train", "valid"):
         for name in names:
             lines = read_metric_log(root / split / f"epoch-{last}" / f"{name}.log")
@@ -175,7 +175,7 @@ def test_no_output_carries_terminal_control_codes(executed):
 def test_the_artifact_directory_has_the_standard_layout(executed):
     root = executed.artifact_dir
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    expected = ["experiment.log", "history.json"] + [
+    expected = ["experiment.log", "history.jsonl"] + [
         f"{split}/epoch-{epoch}/{name}.log"
         for split in ("train", "valid")
         for epoch in range(1, 11)

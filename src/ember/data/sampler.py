@@ -3,6 +3,8 @@
 The order of epoch `e` depends only on `(seed, e)`: it is the same across runs and
 with or without worker processes. A run resumed mid-epoch asks the sampler to skip
 the samples already seen, which costs one permutation, not a pass over the data.
+The epoch's order is one int64 array (8 bytes a sample); indices become Python ints
+a chunk at a time as the loader asks for them, never a list of the whole epoch.
 Under several processes each one takes every `world`-th index of what is left
 (`shard`), so global step k covers the same samples as step k of one process with a
 `world` times larger batch.
@@ -67,7 +69,19 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self._started = True
         self._epoch_set = False
         start, self._skip = self._skip, 0
-        return iter(self.order(self.epoch)[start:][self.rank :: self.world].tolist())
+        if self.seed is None:  # in order: nothing to hold
+            return iter(range(start + self.rank, len(self.data_source), self.world))
+        return _chunks(self.order(self.epoch)[start:][self.rank :: self.world])
 
     def __len__(self) -> int:
         return self.shard_lengths()[self.rank]
+
+
+CHUNK = 1024
+"""Indices turned into Python ints at a time."""
+
+
+def _chunks(order: np.ndarray) -> Iterator[int]:
+    """The indices of `order` as Python ints, `CHUNK` at a time."""
+    for begin in range(0, len(order), CHUNK):
+        yield from order[begin : begin + CHUNK].tolist()

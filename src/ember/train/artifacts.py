@@ -3,7 +3,7 @@
 ```
 ARTIFACT_DIR/
 ├── experiment.log              human text (Python logging)
-├── history.json                exact epoch values, checkpoint epochs, outcome (history.py)
+├── history.jsonl               exact epoch values, checkpoint epochs, outcome (history.py)
 ├── .lock                       the run using the directory (host, pid, start time, boot id)
 ├── checkpoint/                 the file checkpointer's records
 ├── train/epoch-N/<Metric>.log  one "value,weight" line per iteration
@@ -144,7 +144,22 @@ class Artifacts:
 
     @property
     def history(self) -> Path:
+        """`history.jsonl`: where a run writes its history."""
+        return self.root / "history.jsonl"
+
+    @property
+    def legacy_history(self) -> Path:
+        """`history.json`: the history of a run made by an earlier version of ember."""
         return self.root / "history.json"
+
+    @property
+    def saved_history(self) -> Path | None:
+        """The history file a run left (`history.jsonl`, else an earlier version's
+        `history.json`), or None."""
+        for path in (self.history, self.legacy_history):
+            if path.exists():
+                return path
+        return None
 
     @property
     def lock(self) -> Path:
@@ -263,6 +278,7 @@ class Artifacts:
                     shutil.rmtree(path, ignore_errors=True)
                 self.experiment_log.unlink(missing_ok=True)
                 self.history.unlink(missing_ok=True)
+                self.legacy_history.unlink(missing_ok=True)
             return
         for split in SPLITS:
             for epoch, path in self.epoch_dirs(split).items():

@@ -1,25 +1,37 @@
 """The exact history of a run: every epoch's values, the checkpoint epochs, the outcome.
 
-The learner keeps it in memory and writes it atomically to `history.json` in the
-artifact directory at every epoch end (and when its checkpoints or its outcome
-change). Summaries, plots, early stopping and the best-checkpoint choice read it;
-nothing parses numbers back from `experiment.log`, which is text for people.
+The learner keeps it in memory and in `history.jsonl` in the artifact directory.
+Summaries, plots, early stopping and the best-checkpoint choice read it; nothing
+parses numbers back from `experiment.log`, which is text for people.
 
-`history.json` (format "ember-history", version 1):
+`history.jsonl` (format "ember-history", version 2) is JSON Lines: a header, then
+one record per change, each appended, flushed and fsynced as it happens, so an
+epoch end costs one short line however long the run:
 
 ```
-{"format": "ember-history", "version": 1,
- "model": "Model", "num_parameters": 7850,
- "epochs": [{"epoch": 1, "train": {"Loss": 0.3101..., "Accuracy": 91.2...},
-             "valid": {"Loss": 0.2233...}}],
- "checkpoints": [1],
- "outcome": "completed"}
+{"format": "ember-history", "version": 2}
+{"model": "Model", "num_parameters": 7850}
+{"epoch": 1, "train": {"Loss": 0.3101..., "Accuracy": 91.2...}, "valid": {"Loss": 0.22...}}
+{"checkpoints": {"add": [1], "remove": []}}
+{"epoch": 2, "train": {...}, "valid": {...}}
+{"checkpoints": {"add": [2], "remove": [1]}}
+{"keep_before": 2}
+{"outcome": "completed"}
 ```
+
+Reading replays the records in order: an epoch record adds the epoch (replacing
+one of the same number), `keep_before` forgets the epochs from that one on (a run
+resumed before them redoes them) and clears the outcome, `checkpoints` adds and
+removes epochs with a complete checkpoint after retention. A line cut short by a
+kill (the last one, without its newline) is ignored. A process that starts writing
+a history (a new run, or one resumed) first rewrites the whole file atomically
+(header and one record per fact), then appends.
 
 Values are the learner's epoch values at full precision (floats written as their
 shortest round-tripping text); NaN and infinities are the strings "nan", "inf" and
-"-inf". `checkpoints` lists the epochs with a complete checkpoint after retention;
-`outcome` is null while the run has not ended.
+"-inf". The `history.json` of runs made by earlier versions (format version 1, one
+JSON object rewritten at every epoch) is still read by `RunHistory.load`; `to_json`
+gives that object's layout.
 """
 
 from __future__ import annotations
@@ -38,7 +50,8 @@ History = Sequence[tuple[int, Mapping[str, Mapping[str, float]]]]
 """Completed epochs in order: (epoch, {split: {metric name: epoch value}})."""
 
 FORMAT = "ember-history"
-VERSION = 1
+VERSION = 2
+"""The version `history.jsonl` is written in; version 1 (`history.json`) is read too."""
 
 
 def metric_name(metric: Any) -> str:
@@ -93,10 +106,12 @@ class Monitor:
 
 
 class RunHistory:
-    """The history of one run, in memory and (with a `path`) in `history.json`.
+    """The history of one run, in memory and (with a `path`) in `history.jsonl`.
 
     Methods may be called from the checkpoint writer's thread (`set_checkpoints`) and
-    the training thread; a lock keeps each change and its file write together.
+    the training thread; a lock keeps each change and its file write together. Each
+    change appends one line (flushed and fsynced); the first one this object writes
+    rewrites the file atomically with everything it holds.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
@@ -107,20 +122,23 @@ class RunHistory:
         self.model: str | None = None
         self.num_parameters: int | None = None
         self._lock = threading.Lock()
+        self._written: Path | None = None
+        """The file this object has written whole, and now appends to."""
 
     # Changes (each one written at once) ---------------------------------------------
     def describe_model(self, model: str, num_parameters: int) -> None:
         with self._lock:
             self.model, self.num_parameters = model, num_parameters
-            self._write()
+            self._write({"model": model, "num_parameters": num_parameters})
 
     def add_epoch(self, epoch: int, values: Mapping[str, Mapping[str, float]]) -> None:
         """The epoch values of a completed epoch (a redone epoch replaces the old one)."""
         entry = {split: dict(split_values) for split, split_values in values.items()}
         with self._lock:
-            self.epochs = [(e, v) for e, v in self.epochs if e < epoch]
+            if self.epochs and self.epochs[-1][0] >= epoch:
+                self.epochs = [(e, v) for e, v in self.epochs if e < epoch]
             self.epochs.append((epoch, entry))
-            self._write()
+            self._write(_epoch_record(epoch, entry))
 
     def keep_before(self, epoch: int) -> None:
         """Forget the epochs from `epoch` on (a run resumed before them redoes them)."""
@@ -128,80 +146,172 @@ class RunHistory:
             self.epochs = [(e, v) for e, v in self.epochs if e < epoch]
             self.checkpoints = [e for e in self.checkpoints if e < epoch]
             self.outcome = None
-            self._write()
+            self._write({"keep_before": epoch})
 
     def set_checkpoints(self, epochs: Sequence[int]) -> None:
         with self._lock:
-            self.checkpoints = sorted(int(e) for e in epochs)
-            self._write()
+            kept = sorted({int(e) for e in epochs})
+            before = set(self.checkpoints)
+            added = [e for e in kept if e not in before]
+            removed = sorted(before.difference(kept))
+            self.checkpoints = kept
+            if added or removed or self._written != self.path:
+                self._write({"checkpoints": {"add": added, "remove": removed}})
 
     def finish(self, outcome: str) -> None:
         with self._lock:
             self.outcome = outcome
-            self._write()
+            self._write({"outcome": outcome})
 
     # Reading --------------------------------------------------------------------------
     def entries(self) -> list[tuple[int, dict[str, dict[str, float]]]]:
-        """A copy of the epochs, as `History` (safe to hand to another thread)."""
+        """The epochs, as `History` (a new list, safe to hand to another thread: the
+        value dicts of a recorded epoch are never changed, only replaced)."""
         with self._lock:
-            return [(e, {s: dict(v) for s, v in values.items()}) for e, values in self.epochs]
+            return list(self.epochs)
 
     def to_json(self) -> dict[str, Any]:
+        """Everything at once, in the layout of `history.json` (version 1)."""
         return {
             "format": FORMAT,
-            "version": VERSION,
+            "version": 1,
             "model": self.model,
             "num_parameters": self.num_parameters,
-            "epochs": [
-                {"epoch": epoch, **{s: _encode(v) for s, v in values.items()}}
-                for epoch, values in self.epochs
-            ],
+            "epochs": [_epoch_record(epoch, values) for epoch, values in self.epochs],
             "checkpoints": list(self.checkpoints),
             "outcome": self.outcome,
         }
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> RunHistory:
-        """Read `history.json`; a missing, torn or foreign file is an `EmberError` naming it."""
+        """Read `history.jsonl` (or an earlier version's `history.json`); a missing or
+        foreign file, or a malformed complete line, is an `EmberError` naming it."""
         file = Path(path)
         try:
-            data = json.loads(file.read_text(encoding="utf-8"))
+            text = file.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise EmberError(f"{file}: no such history file.") from None
         except (OSError, ValueError) as error:
             raise EmberError(f"{file} is not a readable run history: {error}.") from None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise EmberError(f"{file} is not an ember run history (no format {FORMAT!r}).")
-        if data.get("version") != VERSION:
-            raise EmberError(
-                f"{file} has history version {data.get('version')!r}; this ember reads "
-                f"version {VERSION}. Upgrade ember to read it."
-            )
         history = cls(file)
         try:
-            for entry in data["epochs"]:
-                values = {
-                    split: {str(k): _decode(v) for k, v in split_values.items()}
-                    for split, split_values in entry.items()
-                    if split != "epoch"
-                }
-                history.epochs.append((int(entry["epoch"]), values))
-            history.checkpoints = [int(e) for e in data.get("checkpoints", [])]
-            history.outcome = data.get("outcome")
-            history.model = data.get("model")
-            history.num_parameters = data.get("num_parameters")
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            try:
+                header = json.loads(text.split("\n", 1)[0])
+            except ValueError:
+                header = None  # not JSON Lines: an earlier version's indented history.json
+            if isinstance(header, dict) and header.get("format") == FORMAT and "epochs" in header:
+                history._apply_v1(header, file)
+            elif isinstance(header, dict) and "epochs" not in header:
+                history._check_header(header, file)
+                for number, line in enumerate(text.split("\n")[1:-1], start=2):
+                    if line.strip():
+                        history._apply(json.loads(line), file, number)
+            else:
+                try:  # a version 1 file laid out over several lines
+                    history._apply_v1(json.loads(text), file)
+                except ValueError:
+                    raise EmberError(
+                        f"{file} is not an ember run history (no format {FORMAT!r})."
+                    ) from None
+        except ValueError as error:
+            raise EmberError(f"{file} is not a readable run history: {error}.") from None
+        except (KeyError, TypeError, AttributeError) as error:
             raise EmberError(f"{file}: malformed run history ({error!r}).") from None
         return history
 
-    def _write(self) -> None:
+    def _check_header(self, header: Any, file: Path) -> None:
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise EmberError(f"{file} is not an ember run history (no format {FORMAT!r}).")
+        if header.get("version") != VERSION:
+            raise EmberError(
+                f"{file} has history version {header.get('version')!r}; this ember reads "
+                f"versions 1 and {VERSION}. Upgrade ember to read it."
+            )
+
+    def _apply_v1(self, data: Any, file: Path) -> None:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise EmberError(f"{file} is not an ember run history (no format {FORMAT!r}).")
+        if data.get("version") != 1:
+            raise EmberError(
+                f"{file} has history version {data.get('version')!r}; this ember reads "
+                f"versions 1 and {VERSION}. Upgrade ember to read it."
+            )
+        for entry in data["epochs"]:
+            self.epochs.append((int(entry["epoch"]), _decode_splits(entry)))
+        self.checkpoints = [int(e) for e in data.get("checkpoints", [])]
+        self.outcome = data.get("outcome")
+        self.model = data.get("model")
+        self.num_parameters = data.get("num_parameters")
+
+    def _apply(self, record: Any, file: Path, line: int) -> None:
+        """Replay one record of `history.jsonl`."""
+        if not isinstance(record, dict):
+            raise EmberError(f"{file}: line {line} is not a history record: {record!r}.")
+        if "epoch" in record:
+            epoch = int(record["epoch"])
+            if self.epochs and self.epochs[-1][0] >= epoch:
+                self.epochs = [(e, v) for e, v in self.epochs if e < epoch]
+            self.epochs.append((epoch, _decode_splits(record)))
+        elif "keep_before" in record:
+            epoch = int(record["keep_before"])
+            self.epochs = [(e, v) for e, v in self.epochs if e < epoch]
+            self.checkpoints = [e for e in self.checkpoints if e < epoch]
+            self.outcome = None
+        elif "checkpoints" in record:
+            change = record["checkpoints"]
+            kept = set(self.checkpoints).difference(int(e) for e in change["remove"])
+            self.checkpoints = sorted(kept.union(int(e) for e in change["add"]))
+        elif "outcome" in record:
+            self.outcome = record["outcome"]
+        elif "model" in record:
+            self.model = record["model"]
+            self.num_parameters = record.get("num_parameters")
+        else:
+            raise EmberError(f"{file}: line {line} is not a history record: {record!r}.")
+
+    def _records(self) -> list[dict[str, Any]]:
+        """Everything this history holds, as the records that rebuild it."""
+        records: list[dict[str, Any]] = [{"format": FORMAT, "version": VERSION}]
+        if self.model is not None:
+            records.append({"model": self.model, "num_parameters": self.num_parameters})
+        records += [_epoch_record(epoch, values) for epoch, values in self.epochs]
+        records.append({"checkpoints": {"add": list(self.checkpoints), "remove": []}})
+        if self.outcome is not None:
+            records.append({"outcome": self.outcome})
+        return records
+
+    def _write(self, record: dict[str, Any]) -> None:
+        """Append `record` (the first write rewrites the whole file atomically)."""
         if self.path is None:
             return
-        from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
+        if self._written != self.path:
+            from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
 
-        text = json.dumps(self.to_json(), indent=1, allow_nan=False) + "\n"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(self.path, text.encode("utf-8"))
+            text = "".join(_line(one) for one in self._records())
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(self.path, text.encode("utf-8"))
+            self._written = self.path
+            return
+        with open(self.path, "ab") as file:
+            file.write(_line(record).encode("utf-8"))
+            file.flush()
+            os.fsync(file.fileno())
+
+
+def _line(record: Mapping[str, Any]) -> str:
+    return json.dumps(record, allow_nan=False, separators=(", ", ": ")) + "\n"
+
+
+def _epoch_record(epoch: int, values: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
+    return {"epoch": epoch, **{split: _encode(v) for split, v in values.items()}}
+
+
+def _decode_splits(entry: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    return {
+        split: {str(k): _decode(v) for k, v in split_values.items()}
+        for split, split_values in entry.items()
+        if split != "epoch"
+    }
 
 
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}

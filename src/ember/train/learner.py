@@ -248,7 +248,9 @@ class Learner:
         for note in run.notes:
             resumed = note.startswith(("Resumed from", "Resuming from"))
             log.log(logging.INFO if resumed else logging.WARNING, "%s", note)
-        processor = MetricsProcessor(self.metrics, run.loggers, run.renderer, self.num_epochs)
+        processor = MetricsProcessor(
+            self.metrics, run.loggers, run.renderer, self.num_epochs, gathers=dist is not None
+        )
         if dist is not None:
             self._prepare_processes(dist, processor, run.train, run.valid)
         processes = dist.world if dist is not None else 1
@@ -477,7 +479,7 @@ class Learner:
 
     # Setting up ------------------------------------------------------------------
     def _load_history(self, resume: Resume, main: bool) -> None:
-        """Rank 0 keeps the history in `history.json`; a resumed run continues the
+        """Rank 0 keeps the history in `history.jsonl`; a resumed run continues the
         saved one up to where it resumes (every process gets rank 0's copy)."""
         history = self.run_history
         if main:
@@ -485,8 +487,9 @@ class Learner:
         if resume.state is None:
             return
         if main:
-            if history.path is not None and history.path.exists():
-                saved = RunHistory.load(history.path)
+            found = self.artifacts.saved_history if history.path is not None else None
+            if found is not None:
+                saved = RunHistory.load(found)
                 history.epochs = saved.epochs
                 history.checkpoints = saved.checkpoints
             else:  # a run from before the history file: the checkpoint carried it

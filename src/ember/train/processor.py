@@ -35,9 +35,10 @@ class MetricsProcessor:
         renderer: Renderer | None,
         num_epochs: int,
         tick: float = 0.1,
+        gathers: bool = False,
     ) -> None:
         self.states = {
-            split: [MetricState(entry.metric, entry.numeric) for entry in entries]
+            split: [MetricState(entry.metric, entry.numeric, gathers) for entry in entries]
             for split, entries in metrics.items()
         }
         self.loggers = loggers
@@ -219,8 +220,7 @@ class MetricsProcessor:
         records: list[MetricRecord] = []
         for state in self.states.get(self._split, ()):
             found = rows.get(state.name, [])
-            state.add_rows(found)
-            state.shared = len(state.rows)
+            state.add_rows(found, shared=True)
             records.extend(
                 MetricRecord(state.name, index, value, weight)
                 for index, (value, weight) in enumerate(found, start=1)
@@ -241,27 +241,24 @@ class MetricsProcessor:
         states = self.states.get(self._split, ())
         mine: dict[str, list[tuple[int, float, float]]] = {}
         for state in states:
-            rows = state.rows[state.shared :]
+            rows = state.take_unshared()
             latest = [record.iteration for record in records if record.name == state.name]
             first = latest[0] if latest else self._iteration + 1
             earlier = len(rows) - len(latest)
             iterations = [*range(first - earlier, first), *latest]
             mine[state.name] = [(i, value, weight) for i, (value, weight) in zip(iterations, rows)]
         everyone = dist.all_gather((self._items, mine))
-        for state in states:
-            state.shared = len(state.rows)
         if not dist.main:
             return
         self._items = sum(items for items, _ in everyone)
         for _, rows_of_rank in everyone[1:]:
             for state in states:
                 numbered = rows_of_rank.get(state.name, [])
-                state.add_rows([(value, weight) for _, value, weight in numbered])
+                state.add_rows([(value, weight) for _, value, weight in numbered], shared=True)
                 records.extend(
                     MetricRecord(state.name, iteration, value, weight)
                     for iteration, value, weight in numbered
                 )
-                state.shared = len(state.rows)
 
     def _merge_epoch_states(self, dist: Any) -> None:
         """Metrics whose epoch value needs the whole epoch (AUROC, F-beta, ...) receive
@@ -307,7 +304,7 @@ class MetricsProcessor:
 
     def line_counts(self) -> dict[str, int]:
         """Lines written so far this epoch per metric of the current split."""
-        return {state.name: len(state.rows) for state in self.states.get(self._split, ())}
+        return {state.name: state.count for state in self.states.get(self._split, ())}
 
     def sync(self, dist: Any = None) -> list[MetricRecord]:
         """Write everything computed so far (from every process) to the loggers; return

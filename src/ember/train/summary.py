@@ -16,12 +16,14 @@ def epoch_values(
     directory: str | os.PathLike[str],
 ) -> dict[tuple[str, str], list[tuple[int, float]]]:
     """Per (split, metric file name): the epoch values of a run, oldest first. They are
-    the learner's exact values from `history.json`; a directory without one (metric
+    the learner's exact values from its history (`history.jsonl`, or an earlier version's
+    `history.json`); a directory without one (metric
     logs written by a hand-written loop) gets the weighted mean of each log's lines."""
     artifacts = Artifacts(directory)
     series: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    if artifacts.history.exists():
-        for epoch, values in RunHistory.load(artifacts.history).epochs:
+    saved = artifacts.saved_history
+    if saved is not None:
+        for epoch, values in RunHistory.load(saved).epochs:
             for split in SPLITS:
                 for name, value in values.get(split, {}).items():
                     stem = metric_stem(name)
@@ -75,8 +77,8 @@ class LearnerSummary:
                 "is it an ember artifact directory?"
             )
         model, parameters = None, None
-        history = Artifacts(root).history
-        if history.exists():
+        history = Artifacts(root).saved_history
+        if history is not None:
             saved = RunHistory.load(history)
             model, parameters = saved.model, saved.num_parameters
         return cls(root, last_epoch, model, parameters, tuple(rows))

@@ -294,3 +294,40 @@ def add_unit_range(
         )
 
     checks.add(_masked_any(outside, keep), message)
+
+
+class GrowingTensor:
+    """Tensors appended along their first dimension into one tensor whose capacity
+    doubles when full: what a whole-epoch metric keeps (its scores, its targets) is one
+    compact tensor on the device and a few Python objects, however many batches the
+    epoch has. Appending costs an amortised copy of the batch; `tensor()` is a view."""
+
+    __slots__ = ("_data", "_size")
+
+    def __init__(self) -> None:
+        self._data: torch.Tensor | None = None
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def shape(self) -> torch.Size | None:
+        """The shape of one row (None before the first append)."""
+        return None if self._data is None else self._data.shape[1:]
+
+    def append(self, rows: torch.Tensor) -> None:
+        count = int(rows.shape[0])
+        data, size = self._data, self._size
+        if data is None or size + count > data.shape[0]:
+            capacity = max(64, 2 * (data.shape[0] if data is not None else 0), size + count)
+            grown = torch.empty((capacity, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+            if data is not None and size:
+                grown[:size] = data[:size]
+            data = self._data = grown
+        data[size : size + count] = rows
+        self._size = size + count
+
+    def tensor(self) -> torch.Tensor | None:
+        """The rows appended so far, as one tensor (None when there are none)."""
+        return None if self._data is None else self._data[: self._size]

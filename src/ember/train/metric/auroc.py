@@ -10,6 +10,7 @@ import torch
 from ember.errors import TrainingError
 from ember.train.metric._common import (
     FirstBatch,
+    GrowingTensor,
     Probabilities,
     add_class_range,
     add_unit_range,
@@ -72,7 +73,9 @@ class AurocMetric:
     logits [N, 2], ranked by their difference), one-vs-rest macro for scores
     [N, C >= 3], and label-wise macro for multi-label outputs. The iteration value
     is the AUROC of the batch alone (NaN if it lacks a class); the epoch value is
-    computed once, at epoch end, from every score of the epoch kept on the device.
+    computed once, at epoch end, from every score of the epoch kept on the device in
+    one growing tensor (capacity doubling: about 5 bytes per score column and row, and
+    a constant number of Python objects however many batches the epoch has).
     Classes (or labels) without both positive and negative samples are left out of
     the macro mean.
 
@@ -101,60 +104,73 @@ class AurocMetric:
         self.from_logits = from_logits
         self._probabilities = Probabilities(from_logits, "AurocMetric()")
         self._checks = FirstBatch()
-        self._scores: list[torch.Tensor] = []
-        self._positive: list[torch.Tensor] = []
-        self._valid: list[torch.Tensor | None] = []
+        self._clear_rows()
+
+    def _clear_rows(self) -> None:
+        self._scores = GrowingTensor()
+        self._positive = GrowingTensor()
+        self._valid = GrowingTensor()  # empty while every batch kept all its rows
 
     def update(self, input: ScoresInput, meta: MetricMetadata) -> MetricValue:
         scores, positive, valid = self._columns(input)
-        if self._scores and self._scores[0].shape[1] != scores.shape[1]:
+        kept = self._scores.shape
+        if kept is not None and kept[0] != scores.shape[1]:
             raise TrainingError(
-                f"{_WHO} ranks {self._scores[0].shape[1]} score columns this epoch, but a "
+                f"{_WHO} ranks {kept[0]} score columns this epoch, but a "
                 f"batch has outputs {dims(input.output.shape)} with {scores.shape[1]}: every "
                 "batch needs the same number of output columns."
             )
         self._checks.verify()
-        self._scores.append(scores)
-        self._positive.append(positive)
-        self._valid.append(valid)
+        self._add(scores, positive, valid)
         weight: Number = int(scores.shape[0]) if valid is None else valid.sum()
         return MetricValue(rank_auroc(scores, positive, valid), weight)
 
     def epoch_value(self) -> torch.Tensor | float:
         """The AUROC of every sample seen since the last `clear()`."""
-        if not self._scores:
+        scores, positive = self._scores.tensor(), self._positive.tensor()
+        if scores is None or positive is None or not len(self._scores):
             return math.nan
-        scores = torch.cat(self._scores)
-        positive = torch.cat(self._positive)
-        valid = None
-        if any(v is not None for v in self._valid):
-            valid = torch.cat(
-                [
-                    v if v is not None else torch.ones(len(s), dtype=torch.bool, device=s.device)
-                    for v, s in zip(self._valid, self._scores)
-                ]
-            )
-        return rank_auroc(scores, positive, valid, wide_float(scores.device))
+        return rank_auroc(scores, positive, self._valid.tensor(), wide_float(scores.device))
+
+    def _add(
+        self, scores: torch.Tensor, positive: torch.Tensor, valid: torch.Tensor | None
+    ) -> None:
+        """Keep a batch's rows (`valid` None: all of them count)."""
+        if valid is not None and not len(self._valid) and len(self._scores):
+            # The first batch with a mask: the rows kept before it all count.
+            self._valid.append(torch.ones(len(self._scores), dtype=torch.bool, device=valid.device))
+        if valid is None and len(self._valid):
+            valid = torch.ones(len(scores), dtype=torch.bool, device=scores.device)
+        self._scores.append(scores)
+        self._positive.append(positive)
+        if valid is not None:
+            self._valid.append(valid)
 
     def clear(self) -> None:
-        self._scores, self._positive, self._valid = [], [], []
+        self._clear_rows()
         self._checks.reset()
 
     def epoch_state(self) -> tuple[list[Any], list[Any], list[Any]]:
-        """This process's scores (exchanged when training on several processes)."""
-        return (
-            _moved(self._scores, "cpu"),
-            _moved(self._positive, "cpu"),
-            _moved(self._valid, "cpu"),
+        """This process's scores (exchanged when training on several processes, and
+        kept by a checkpoint taken mid-epoch): one tensor each, on the host."""
+        scores, positive, valid = (
+            self._scores.tensor(),
+            self._positive.tensor(),
+            self._valid.tensor(),
         )
+        if scores is None or positive is None:
+            return [], [], []
+        return [scores.cpu()], [positive.cpu()], [None if valid is None else valid.cpu()]
 
     def merge_epoch_states(self, states: list[Any]) -> None:
         """Add other processes' scores, so `epoch_value` covers every sample."""
-        device = self._scores[0].device if self._scores else torch.device("cpu")
+        data = self._scores.tensor()
+        device = data.device if data is not None else torch.device("cpu")
         for scores, positive, valid in states:
-            self._scores += _moved(scores, device)
-            self._positive += _moved(positive, device)
-            self._valid += _moved(valid, device)
+            for one_scores, one_positive, one_valid in zip(
+                _moved(scores, device), _moved(positive, device), _moved(valid, device)
+            ):
+                self._add(one_scores, one_positive, one_valid)
 
     def _columns(
         self, input: ScoresInput

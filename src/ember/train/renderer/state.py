@@ -15,7 +15,7 @@ from typing import Sequence
 from ember.train.logger.base import MetricRecord
 from ember.train.renderer.base import MetricView, Progress, RunInfo
 from ember.train.renderer.format import format_number
-from ember.train.renderer.history import History, HistoryView
+from ember.train.renderer.history import EpochValues, History, HistoryView
 
 SPLITS = ("train", "valid")
 METRIC_COLUMNS = (("train", "last"), ("train", "epoch"), ("valid", "last"), ("valid", "epoch"))
@@ -91,7 +91,8 @@ def shown_value(snapshot: Snapshot, view: MetricView, kind: str) -> float | str 
 class RunTracker:
     """The state of one run as the renderer calls report it: the latest progress and
     metric views, each numeric metric's bounded iteration `History` per split, the
-    finished epoch values, how long each split took, and how the run ended.
+    finished epoch values (bounded `EpochValues`: a frame costs the same at 100,000
+    epochs as at 100), how long each split took, and how the run ended.
 
     `start` begins a new run (one tracker may follow several `fit` calls in turn)."""
 
@@ -105,7 +106,7 @@ class RunTracker:
         self.progress: Progress | None = None
         self.views: tuple[MetricView, ...] = ()
         self.histories: dict[tuple[str, str], History] = {}
-        self.epoch_values: dict[tuple[str, str], dict[int, float]] = {}
+        self.epoch_values: dict[tuple[str, str], EpochValues] = {}
         self.names: list[str] = []
         self._text: set[str] = set()
         """Metrics registered as text only (shown, never plotted)."""
@@ -148,7 +149,10 @@ class RunTracker:
         for view in metrics:
             if view.split == progress.split and isinstance(view.epoch_value, (int, float)):
                 key = (view.split, view.name)
-                self.epoch_values.setdefault(key, {})[progress.epoch] = float(view.epoch_value)
+                values = self.epoch_values.get(key)
+                if values is None:
+                    values = self.epoch_values[key] = EpochValues()
+                values.add(progress.epoch, float(view.epoch_value))
 
     def end(self, reason: str) -> None:
         """The run ended (`reason`: completed, stopped: ..., failed, interrupted)."""
@@ -188,7 +192,7 @@ class RunTracker:
                 histories[split] = history.view()
             values = self.epoch_values.get((split, name))
             if values:
-                epochs[split] = dict(values)
+                epochs[split] = values.points()
         return histories, epochs
 
     def elapsed(self) -> float:
@@ -251,7 +255,7 @@ class RunTracker:
             histories, epochs = self.series(selected)
         else:
             histories, epochs = {}, {}
-        last = {key: values[max(values)] for key, values in self.epoch_values.items() if values}
+        last = {key: v.latest[1] for key, v in self.epoch_values.items() if v.latest is not None}
         elapsed = self.elapsed()
         fraction = self.fraction()
         eta = None
