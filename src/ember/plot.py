@@ -152,6 +152,8 @@ def plot_iterations(metric: MetricLogs, path: Path) -> Path:
     return path
 
 
+EPOCH_MARKERS = 200
+"""Epoch charts mark each epoch's value with a dot up to this many epochs."""
 EPOCH_LABELS = 20
 """At most this many epochs are labelled on the top axis of an iteration chart."""
 EPOCH_LINES = 50
@@ -201,7 +203,8 @@ def plot_epochs(metric: MetricLogs, path: Path) -> Path:
             continue
         all_epochs += epochs
         label = f"{split} (epoch {epochs[-1]}: {format_value(values[-1])})"
-        ax.plot(epochs, values, color=COLOURS[split], marker="o", linewidth=2.0, label=label)
+        marker = "o" if len(epochs) <= EPOCH_MARKERS else None  # 10,000 markers take seconds
+        ax.plot(epochs, values, color=COLOURS[split], marker=marker, linewidth=2.0, label=label)
     if all_epochs:
         first, last = min(all_epochs), max(all_epochs)
         step = max(1, math.ceil((last - first + 1) / 20))

@@ -68,17 +68,28 @@ class HistoryView:
 
 class History:
     """Iteration values in at most `capacity` buckets (bucket means, bucket size doubling as
-    the run grows), at most `capacity` epoch boundaries (old neighbouring epochs merge
+    the run grows), at most `epochs` epoch boundaries (old neighbouring epochs merge
     into one span, as buckets do), and the last `recent` raw values. Appends are
     amortised O(1); memory and the cost of a view stay bounded however long the run, at
     100,000 epochs as at 100."""
 
-    __slots__ = ("capacity", "count", "counts", "epochs", "raw", "recent", "size", "sums")
+    __slots__ = (
+        "capacity",
+        "count",
+        "counts",
+        "epoch_capacity",
+        "epochs",
+        "raw",
+        "recent",
+        "size",
+        "sums",
+    )
 
-    def __init__(self, capacity: int = 512, recent: int = 300) -> None:
+    def __init__(self, capacity: int = 512, recent: int = 300, epochs: int = 128) -> None:
         if capacity < 2 or capacity % 2:
             raise ValueError(f"capacity must be an even number >= 2, got {capacity!r}")
         self.capacity = capacity
+        self.epoch_capacity = max(2, epochs)
         self.size = 1
         self.sums: list[float] = []
         self.counts: list[int] = []
@@ -99,7 +110,7 @@ class History:
         if not values:
             return
         if not self.epochs or self.epochs[-1][0] != epoch:
-            if len(self.epochs) >= self.capacity:
+            if len(self.epochs) >= self.epoch_capacity:
                 self._merge_epochs()
             start = (epoch, self.count, num_iterations, max(0, first_iteration - 1), 1)
             self.epochs.append(start)
@@ -168,13 +179,15 @@ def finite_range(values: Iterable[float]) -> tuple[float, float] | None:
 
 class EpochValues:
     """The finished epoch values of one metric in one split, in bounded memory: the
-    last `recent` exactly, older ones in at most `capacity` buckets of neighbouring
-    epochs (count, mean, min and max; bucket width doubling as the run grows)."""
+    last `keep` to `2 * keep` exactly, older ones in at most `capacity` buckets of
+    neighbouring epochs (count, mean, min and max; bucket width doubling as the run
+    grows). A frame draws at most `capacity + 2 * keep` points however long the run."""
 
-    __slots__ = ("buckets", "capacity", "latest", "recent", "width")
+    __slots__ = ("buckets", "capacity", "keep", "latest", "recent", "width")
 
-    def __init__(self, capacity: int = 256, recent: int = 256) -> None:
-        self.capacity = capacity
+    def __init__(self, capacity: int = 64, keep: int = 64) -> None:
+        self.capacity = max(2, capacity)
+        self.keep = max(1, keep)
         self.recent: dict[int, float] = {}
         self.buckets: list[list[float]] = []
         """[first epoch, last epoch, count, sum of epochs, sum of values, min, max]."""
@@ -188,8 +201,8 @@ class EpochValues:
         self.recent[epoch] = value
         if self.latest is None or epoch >= self.latest[0]:
             self.latest = (epoch, value)
-        while len(self.recent) > 2 * self.capacity:
-            for old in list(self.recent)[: self.capacity]:
+        while len(self.recent) > 2 * self.keep:
+            for old in list(self.recent)[: self.keep]:
                 self._bucket(old, self.recent.pop(old))
 
     def _bucket(self, epoch: int, value: float) -> None:
@@ -211,7 +224,7 @@ class EpochValues:
             last[2] -= 1
 
     def points(self) -> dict[int, float]:
-        """At most `capacity + 2 * recent` (epoch, value) points, oldest first: each old
+        """At most `capacity + 2 * keep` (epoch, value) points, oldest first: each old
         bucket's mean at its middle epoch, then the recent epochs exactly."""
         out: dict[int, float] = {}
         for first, last, count, _, total, _, _ in self.buckets:

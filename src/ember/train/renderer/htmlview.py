@@ -273,7 +273,7 @@ def epoch_ticks(start: float, end: float) -> list[int]:
         for step in (1, 2, 5):
             every = step * scale
             if (last - first) / every <= MAX_TICKS - 1:
-                return [epoch for epoch in range(first, last + 1) if epoch % every == 0]
+                return list(range(-(-first // every) * every, last + 1, every))
         scale *= 10
 
 

@@ -412,7 +412,7 @@ def _history_chart(snapshot: Snapshot, width: int, height: int) -> list[Line]:
         end = start + 1.0
     first, last = int(start) + 1, math.ceil(end)
     every = max(1, math.ceil((last - first + 1) * 4 / max(1, width - 9)))
-    ticks = [(e - 0.5, str(e)) for e in range(first, last + 1) if (e - first) % every == 0]
+    ticks = [(e - 0.5, str(e)) for e in range(first, last + 1, every)]
     return line_chart(series, width, height, (start, end), ticks, caption="epoch")
 
 
