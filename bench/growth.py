@@ -97,6 +97,9 @@ def quiet() -> PlainRenderer:
 
 
 def size_of(path: Path) -> int:
+    """Bytes in a file, or in every file under a folder."""
+    if path.is_file():
+        return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
