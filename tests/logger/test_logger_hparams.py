@@ -135,3 +135,27 @@ def test_a_config_becomes_mlflow_params(tmp_path, quiet, loaders, tracking_uri):
 def test_values_json_cannot_hold_are_refused_at_build_time(tmp_path, hparams, message):
     with pytest.raises(ConfigError, match=message):
         LearnerBuilder(tmp_path).hparams(hparams)
+
+
+def test_a_resumed_tensorboard_run_holds_its_hyperparameters_once(tmp_path):
+    from ember.train.logger import MetricRecord, RunStart
+
+    board = TensorBoardMetricLogger(tmp_path)
+    for start, epochs in (
+        (RunStart(hparams={"lr": 0.1}), (1, 2)),
+        (RunStart(2, 0, True, hparams={"lr": 0.2}), (2,)),
+    ):
+        board.start_run(start)
+        for epoch in epochs:
+            board.log("train", epoch, [MetricRecord("Loss", 1, 1.0 / epoch, 1.0)])
+            board.end_epoch("train", epoch, {"Loss": 1.0 / epoch})
+        board.close()
+    reader = event_accumulator.EventAccumulator(str(tmp_path))
+    reader.Reload()
+    content = reader.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    assert start.session_start_info.hparams["lr"].number_value == 0.2
+    assert [s.step for s in reader.Scalars("train/epoch/Loss")] == [1, 2]
+    # The first session's summaries went with the rewrite: one set is left.
+    files = list(tmp_path.glob("*tfevents*"))
+    assert sum(f.read_bytes().count(b"_hparams_/session_start_info") for f in files) == 1
