@@ -44,6 +44,7 @@ def builder(directory, quiet, loggers, epochs=2):
     )
 
 
+@pytest.mark.slow  # the first W&B start of the process: about 15 s on a busy machine
 def test_offline_run_holds_steps_epochs_config_and_final_summary(tmp_path, loaders, quiet):
     board, memory = WandbMetricLogger(project="blobs"), InMemoryMetricLogger()
     assert board.chosen_mode() == "offline"
