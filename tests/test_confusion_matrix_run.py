@@ -89,3 +89,24 @@ def test_the_dashboard_shows_the_matrix_of_the_selected_metric(run):
     assert any(row.replace("  ", " ") in line for line in frame)
     loss = tracker.snapshot("Loss")  # other metrics keep their chart
     assert not loss.matrices
+
+
+def test_an_evaluation_saves_its_matrix(tmp_path, quiet):
+    from ember.train import EvaluatorBuilder
+
+    ember.seed(0)
+    model = Classifier()
+    data = BlobDataset(90, seed=1)
+    evaluator = (
+        EvaluatorBuilder(tmp_path)
+        .metric_numeric(ConfusionMatrixMetric.multiclass())
+        .devices(["cpu"])
+        .renderer(quiet)
+        .build(model)
+    )
+    evaluator.eval("holdout", DataLoaderBuilder(BlobBatcher()).batch_size(32).build(data))
+    with torch.inference_mode():
+        predicted = model.eval()(data.inputs).argmax(-1)
+    expected = confusion_matrix(data.targets.numpy(), predicted.numpy(), labels=[0, 1, 2])
+    saved = json.loads((tmp_path / "test" / "holdout" / "Confusion_Matrix.json").read_text())
+    assert saved["counts"] == expected.tolist()

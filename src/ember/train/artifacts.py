@@ -36,12 +36,14 @@ __all__ = [
     "format_line",
     "format_value",
     "format_weight",
+    "matrix_file_name",
     "metric_file_name",
     "metric_log_path",
     "metric_stem",
     "read_matrix",
     "read_metric_log",
     "weighted_mean",
+    "write_matrix",
 ]
 
 SPLITS = ("train", "valid")
@@ -118,6 +120,23 @@ def read_metric_log(path: str | os.PathLike[str]) -> list[tuple[float, float]]:
 
 # Checkpoint files -------------------------------------------------------------------
 MATRIX_FORMAT = "ember-matrix"
+
+
+def matrix_file_name(name: str) -> str:
+    """A matrix metric's file name: its log file's stem with `.json`."""
+    return f"{metric_stem(name)}.json"
+
+
+def write_matrix(path: str | os.PathLike[str], name: str, counts: list[list[int]]) -> Path:
+    """Save a count matrix (rows: targets, columns: predictions) atomically, as
+    {"format": "ember-matrix", "version": 1, "name": ..., "counts": [[...], ...]}."""
+    from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"format": MATRIX_FORMAT, "version": 1, "name": name, "counts": counts}
+    atomic_write_bytes(path, (json.dumps(record) + "\n").encode("utf-8"))
+    return path
 
 
 def read_matrix(path: str | os.PathLike[str]) -> tuple[str, list[list[int]]] | None:
@@ -239,17 +258,11 @@ class Artifacts:
 
     def matrix_file(self, split: str, epoch: int, name: str) -> Path:
         """`<split>/epoch-N/<Metric>.json`: a matrix metric's counts for one epoch."""
-        return self.epoch_dir(split, epoch) / f"{metric_stem(name)}.json"
+        return self.epoch_dir(split, epoch) / matrix_file_name(name)
 
     def write_matrix(self, split: str, epoch: int, name: str, counts: list[list[int]]) -> Path:
         """Save an epoch's count matrix (rows: targets, columns: predictions), atomically."""
-        from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
-
-        path = self.matrix_file(split, epoch, name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"format": MATRIX_FORMAT, "version": 1, "name": name, "counts": counts}
-        atomic_write_bytes(path, (json.dumps(record) + "\n").encode("utf-8"))
-        return path
+        return write_matrix(self.matrix_file(split, epoch, name), name, counts)
 
     def matrices(self, split: str) -> Iterator[tuple[int, str, list[list[int]]]]:
         """`(epoch, metric name, counts)` of every saved matrix of a split, oldest first."""
