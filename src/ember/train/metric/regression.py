@@ -18,7 +18,7 @@ element; for RMSE and R² it is the mean of the per-output RMSEs and R²s).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -107,11 +107,12 @@ class _RegressionMetric:
     def clear(self) -> None:
         self._total = None
 
-    def epoch_state(self) -> Sums | None:
-        """This process's totals (exchanged when training on several processes)."""
-        return None if self._total is None else self._total.to("cpu")
+    def epoch_state(self) -> list[torch.Tensor] | None:
+        """This process's totals, as a list of tensors (exchanged when training on
+        several processes, and kept by a checkpoint taken mid-epoch)."""
+        return None if self._total is None else list(self._total.to("cpu"))
 
-    def merge_epoch_states(self, states: list[Sums | None]) -> None:
+    def merge_epoch_states(self, states: list[Sequence[torch.Tensor] | None]) -> None:
         """Add other processes' totals, so `epoch_value` covers every sample."""
         for state in states:
             if state is None:

@@ -253,7 +253,7 @@ class RougeMetric:
         check_texts(self.name, input)
         scores = [self.pair_score(p, r) for p, r in zip(input.predictions, input.references)]
         if not scores:
-            return MetricValue(math.nan, 0)
+            return MetricValue(0.0, 0)  # an empty batch weighs nothing
         return MetricValue(math.fsum(scores), len(scores), divisor=len(scores))
 
     def clear(self) -> None:
