@@ -14,6 +14,7 @@ from rouge_score import rouge_scorer
 from ember.errors import ConfigError, TrainingError
 from ember.train import TextOutput
 from ember.train.metric import BleuMetric, CerMetric, RougeMetric, WerMetric
+from ember.train.metric.text import edit_distance
 
 SIZES = [8, 8, 8, 3]  # an uneven last batch
 WORDS = [
@@ -87,6 +88,15 @@ def test_error_rates_are_total_edits_over_reference_length(drive, metric_type, s
         value, weight = iteration.resolve()
         assert value == pytest.approx(_error_rate(p, r, split), rel=1e-12)
         assert weight == sum(len(split(text)) for text in r)  # the batch's reference length
+
+
+def test_edit_distance_against_nltk_on_random_pairs():
+    rng = random.Random(7)
+    for _ in range(300):
+        a = "".join(rng.choice("ab c") for _ in range(rng.randint(0, 15)))
+        b = "".join(rng.choice("ab c") for _ in range(rng.randint(0, 15)))
+        assert edit_distance(a, b) == nltk_edit_distance(a, b), (a, b)
+        assert edit_distance(a.split(), b.split()) == nltk_edit_distance(a.split(), b.split())
 
 
 def test_wer_worked_example(drive):

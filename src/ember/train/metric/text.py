@@ -13,27 +13,39 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from typing import Callable, Literal, Sequence
+from typing import Callable, Hashable, Literal, Sequence
+
+import numpy as np
 
 from ember.errors import ConfigError, TrainingError
 from ember.train.metric.base import MetricMetadata, MetricValue
 from ember.train.metric.inputs import TextInput
 
 
-def edit_distance(prediction: Sequence[object], reference: Sequence[object]) -> int:
+def edit_distance(prediction: Sequence[Hashable], reference: Sequence[Hashable]) -> int:
     """Levenshtein distance: the fewest substitutions, deletions and insertions that
-    turn `prediction` into `reference`."""
-    if len(prediction) < len(reference):
-        prediction, reference = reference, prediction
-    previous = list(range(len(reference) + 1))
-    for i, item in enumerate(prediction, start=1):
-        current = [i]
-        for j, other in enumerate(reference, start=1):
-            current.append(
-                min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (item != other))
-            )
-        previous = current
-    return previous[-1]
+    turn `prediction` into `reference`.
+
+    One row of the dynamic programme per item of the shorter sequence, each row a few
+    vector operations (the chain of insertions is a running minimum), so long texts
+    cost O(n m) cheap steps, not O(n m) Python steps.
+    """
+    if not prediction or not reference:
+        return max(len(prediction), len(reference))
+    codes: dict[Hashable, int] = {}
+    short = np.array([codes.setdefault(item, len(codes)) for item in prediction])
+    long = np.array([codes.setdefault(item, len(codes)) for item in reference])
+    if len(short) > len(long):
+        short, long = long, short
+    offsets = np.arange(len(long) + 1)
+    previous = offsets.copy()
+    row = np.empty_like(previous)
+    for i, item in enumerate(short.tolist(), start=1):
+        row[0] = i
+        # substitution (or a match) and deletion; insertions follow as a running minimum
+        np.minimum(previous[1:] + 1, previous[:-1] + (long != item), out=row[1:])
+        previous = np.minimum.accumulate(row - offsets) + offsets
+    return int(previous[-1])
 
 
 class _ErrorRate:
