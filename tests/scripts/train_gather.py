@@ -27,14 +27,19 @@ from ember.train.metric import (
     AucPrMetric,
     AurocMetric,
     BleuMetric,
+    CerMetric,
     ConfusionMatrixMetric,
+    DiceMetric,
     FBetaScoreMetric,
+    ImageInput,
     LossMetric,
+    MaeMetric,
     MccMetric,
     PrecisionMetric,
     R2Metric,
     RegressionInput,
     RmseMetric,
+    RougeMetric,
     TextInput,
     WerMetric,
 )
@@ -53,6 +58,8 @@ class ManyViews(ClassificationOutput):
         if input_type is RegressionInput:
             one_hot = torch.nn.functional.one_hot(self.targets, 3).float()
             return RegressionInput(self.output.softmax(-1), one_hot)
+        if input_type is ImageInput:  # a segmentation of 1 x 1 images
+            return ImageInput(self.output[:, :, None, None], self.targets[:, None, None])
         if input_type is TextInput:
             top2 = self.output.topk(2, dim=-1).indices.tolist()
             said = [" ".join(WORDS[i] for i in (a, a, a, a, b, a)) for a, b in top2]
@@ -90,6 +97,10 @@ def main() -> int:
         .metric_valid_numeric(R2Metric())
         .metric_valid_numeric(BleuMetric())
         .metric_valid_numeric(WerMetric())
+        .metric_valid_numeric(MaeMetric())
+        .metric_valid_numeric(CerMetric())
+        .metric_valid_numeric(RougeMetric("rougeL"))
+        .metric_valid_numeric(DiceMetric())
         .devices(["cpu"] * args.processes)
         .renderer(PlainRenderer(interval=3600))
         .build(model, SgdConfig(), 0.0)
