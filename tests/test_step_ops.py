@@ -115,3 +115,36 @@ def test_without_a_metric_reading_the_loss_the_guard_checks_each_step(quiet, tmp
     assert own - covered == 4, (own, covered)
     with pytest.raises(TrainingError, match="loss is NaN at epoch 1, iteration 4"):
         ember_ops(6, quiet, tmp_path / "nan", OwnLoss(bad_call=4))
+
+
+class NanOnCall(Classifier):
+    def __init__(self, bad_call: int) -> None:
+        super().__init__(dropout=0.0)
+        self.bad_call, self.calls = bad_call, 0
+
+    def train_step(self, batch):
+        self.calls += 1
+        output = super().train_step(batch)
+        if self.calls == self.bad_call:
+            output.item.loss = output.item.loss * float("nan")
+            output.loss = output.item.loss
+        return output
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_loss_metric_names_the_exact_nan_iteration(quiet, tmp_path):
+    """On an accelerator the loss values reach the host in bulk; the error still names
+    the iteration whose loss was NaN, and no checkpoint of a NaN epoch is written."""
+    model = NanOnCall(bad_call=5)
+    learner = (
+        LearnerBuilder(tmp_path)
+        .metric_train_numeric(LossMetric())
+        .devices(["cuda"])
+        .renderer(quiet)
+        .num_epochs(1)
+        .build(model, torch.optim.Adam(model.parameters(), lr=1e-3), 1e-3)
+    )
+    data = [Batch(b.inputs.cuda(), b.targets.cuda()) for b in batches(8)]
+    with pytest.raises(TrainingError, match="loss is NaN at epoch 1, iteration 5"):
+        learner.fit(data)
+    assert learner.guard.covered
