@@ -11,13 +11,14 @@ needs and stops the moment the data would inflate past it:
     <u64>              the uncompressed size, little-endian
     <deflate data> <CRC-32> <ISIZE>
 
-The deflate data is compressed in 256 KiB chunks on several threads at once (zlib and ISA-L
-release the GIL), each chunk primed with the 32 KiB before it and ended by a sync flush, so
-the chunks join into one ordinary deflate stream (as `pigz` does): `gunzip`, Python's
-`gzip` and earlier ember releases read it as any other gzip file. With the optional
-`isal` package (`pip install ember[fast-gzip]`) the chunks are compressed by ISA-L, several
-times faster than zlib at a similar size; without it, by the standard library's zlib. The
-output depends only on the input and the compressor (equal input, equal bytes).
+The deflate data is compressed in 256 KiB chunks on several threads at once (zlib and
+ISA-L release the GIL), each chunk primed with the 32 KiB before it and ended by a sync
+flush, so the chunks join into one ordinary deflate stream (as `pigz` does): `gunzip`,
+Python's `gzip` and the gzip reader of earlier ember releases read it as any other gzip
+file. With the optional `isal` package (`pip install ember[fast-gzip]`) the chunks are
+compressed by ISA-L, several times faster than zlib at a similar size; without it, by
+the standard library's zlib. The output depends only on the input and the compressor
+(equal input, equal bytes).
 
 Every header byte must be exactly this, and the content must inflate to exactly the declared
 size with a matching CRC-32. Gzip data without an extra field (records from earlier ember
