@@ -394,6 +394,10 @@ class Learner:
                     hint = summed_loss_hint(output.item)
                     if hint is not None:
                         log.warning("%s", hint)
+                    if guard.policy == "stop":  # the loss metric's values stand guard
+                        guard.covered = processor.watch_loss(
+                            output.item, output.loss, guard.nonfinite
+                        )
                 ok = guard.check(output.loss, epoch, iteration)
                 finite = ok and finite
                 optim.backward(output.loss, step.shares[index])
