@@ -16,6 +16,7 @@ from ember.train.interrupter import Interrupter
 from ember.train.logger.base import MetricLogger
 from ember.train.metric.base import RegisteredMetric
 from ember.train.optimization import Optimization
+from ember.train.parallel import FsdpOptions
 from ember.train.renderer.base import Renderer
 
 __all__ = ["LearnerOptions", "RegisteredMetric"]
@@ -54,3 +55,5 @@ class LearnerOptions:
     """On resume, whose optimizer hyperparameters win: "checkpoint" or "new"."""
     compile: Mapping[str, Any] | None = None
     """The `torch.compile` options the model was compiled with, or None."""
+    fsdp: FsdpOptions | None = None
+    """How the model is sharded over the processes (None: DDP, or one process)."""
