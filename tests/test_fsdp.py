@@ -85,23 +85,52 @@ def test_fsdp_ddp_and_one_process_train_alike_at_the_same_global_batch(tmp_path)
     )
 
 
+def stop_mid_epoch(directory: Path, events: Path, *args: str) -> subprocess.Popen[str]:
+    """Start a 2-process FSDP run whose steps are slowed down (SIGTERM it with `stop`)."""
+    fsdp = ("--processes", "2", "--strategy", "fsdp", "--slow", "0.15")
+    return start(directory, *fsdp, "--events", str(events), *args)
+
+
+def stop(runs: list[tuple[subprocess.Popen[str], Path]]) -> None:
+    """SIGTERM each run after rank 0's third step (of 7 in epoch 1), watching them all at
+    once; each checkpoints and exits."""
+    deadline = time.monotonic() + 120
+    waiting = list(runs)
+    while waiting:
+        for run, events in list(waiting):
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1]
+            if events.exists() and events.read_text().count("step 0") >= 3:
+                run.send_signal(signal.SIGTERM)
+                waiting.remove((run, events))
+        time.sleep(0.05)
+    for run, _ in runs:
+        _, stderr = run.communicate(timeout=120)
+        assert run.returncode == 128 + signal.SIGTERM, stderr
+
+
 @pytest.mark.slow
 def test_a_stopped_fsdp_run_resumes_exactly_and_on_one_process_or_a_plain_model(tmp_path):
     straight = start(tmp_path / "straight", "--processes", "2", "--strategy", "fsdp")
-    events = tmp_path / "events"
-    stopped = tmp_path / "stopped"
-    first = start(
-        stopped, "--processes", "2", "--strategy", "fsdp", "--slow", "0.15", "--events", str(events)
-    )
-    deadline = time.monotonic() + 120
-    while not (events.exists() and events.read_text().count("step 0") >= 3):
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1]
-        time.sleep(0.05)
-    first.send_signal(signal.SIGTERM)  # mid-epoch 1 (7 batches per process)
-    _, stderr = first.communicate(timeout=120)
-    assert first.returncode == 128 + signal.SIGTERM, stderr
+    stopped, sharded = tmp_path / "stopped", tmp_path / "sharded"
+    runs = [
+        (stop_mid_epoch(stopped, tmp_path / "events"), tmp_path / "events"),
+        (
+            stop_mid_epoch(sharded, tmp_path / "events-2", "--sharded-checkpoints"),
+            tmp_path / "events-2",
+        ),
+    ]
+    stop(runs)
     checkpoints = sorted(p.name for p in (stopped / "checkpoint").iterdir())
     assert checkpoints == ["model-1.mpk", "optim-1.mpk", "scheduler-1.mpk"]
+    assert sorted(p.name for p in (sharded / "checkpoint").iterdir()) == [
+        "model-1.mpk",  # the index
+        "model-1.rank-0.mpk",
+        "model-1.rank-1.mpk",
+        "optim-1.mpk",
+        "optim-1.rank-0.mpk",
+        "optim-1.rank-1.mpk",
+        "scheduler-1.mpk",
+    ]
     scheduler = DefaultRecorder().load(None, stopped / "checkpoint" / "scheduler-1")
     assert 0 < scheduler["learner"]["iteration"] < 7
 
@@ -117,21 +146,40 @@ def test_a_stopped_fsdp_run_resumes_exactly_and_on_one_process_or_a_plain_model(
     for key, value in plain.state_dict().items():
         assert torch.equal(value, state[key])
 
-    # same world size: bit for bit; one process: within float rounding
-    alone = tmp_path / "alone"
+    # same world size: bit for bit; one process: within float rounding; a sharded
+    # checkpoint on one process: refused
+    alone, sharded_alone = tmp_path / "alone", tmp_path / "sharded-alone"
     shutil.copytree(stopped, alone)
+    shutil.copytree(sharded, sharded_alone)
     resumed = start(stopped, "--processes", "2", "--strategy", "fsdp", "--resume")
+    resumed_shards = start(sharded, "--processes", "2", "--strategy", "fsdp", "--resume")
     single = start(alone, "--processes", "1", "--batch", "32", "--resume")
-    finish(resumed), finish(single), finish(straight)
+    refused = start(sharded_alone, "--processes", "1", "--batch", "32", "--resume")
+    for run in (resumed, resumed_shards, single, straight):
+        finish(run)
+    _, stderr = refused.communicate(timeout=120)
+    assert refused.returncode == 1
+    assert (
+        "The checkpoint of epoch 1 was written in shards by 2 FSDP processes "
+        "(sharded_checkpoints=True), and this run has 1 (one process): it resumes only on 2 "
+        "processes with devices(..., strategy='fsdp')."
+    ) in stderr
     expected = final(tmp_path / "straight")
-    for key, value in final(stopped).items():
-        assert torch.equal(value, expected[key]), key
+    for directory in (stopped, sharded):
+        for key, value in final(directory).items():
+            assert torch.equal(value, expected[key]), (directory.name, key)
+        log = (directory / "experiment.log").read_text()
+        assert "Resumed from the checkpoint of epoch 1, iteration" in log
     for key, value in final(alone).items():
         torch.testing.assert_close(value, expected[key], rtol=1e-5, atol=1e-5)
-    assert (
-        "Resumed from the checkpoint of epoch 1, iteration"
-        in (stopped / "experiment.log").read_text()
-    )
+    # each checkpoint kept has its shards, and no other shard is left
+    names = sorted(p.name for p in (sharded / "checkpoint").iterdir())
+    assert [n for n in names if ".rank-" in n] == [
+        f"{part}-{epoch}.rank-{rank}.mpk"
+        for part in ("model", "optim")
+        for epoch in (1, 2)
+        for rank in (0, 1)
+    ]
 
 
 # Choosing the strategy, in this process ------------------------------------------------

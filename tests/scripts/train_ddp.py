@@ -2,10 +2,12 @@
 
 Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-rank R]
     [--hang-rank R] [--slow SECONDS] [--events FILE] [--timeout SECONDS] [--resume]
-    [--strategy ddp|fsdp] [--mlp] [--adam] [--accumulate K] [--clip NORM]
+    [--strategy ddp|fsdp] [--sharded-checkpoints] [--mlp] [--adam] [--accumulate K]
+    [--clip NORM]
 Under torchrun, pass --processes 1: torchrun provides the processes.
 
---strategy fsdp shards the model (each hidden block of --mlp is a unit of its own);
+--strategy fsdp shards the model (each hidden block of --mlp is a unit of its own),
+--sharded-checkpoints has each process write its own shards;
 --mlp trains two hidden blocks instead of one linear layer, --adam uses Adam (whose
 state is sharded too), --accumulate and --clip set gradient accumulation and clipping.
 
@@ -105,6 +107,7 @@ def main() -> None:
     parser.add_argument("--adam", action="store_true")
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--clip", type=float, default=None)
+    parser.add_argument("--sharded-checkpoints", action="store_true")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -117,6 +120,8 @@ def main() -> None:
     strategy = {}
     if args.strategy == "fsdp":
         strategy = {"strategy": "fsdp", "modules": [Block]}
+        if args.sharded_checkpoints:
+            strategy["sharded_checkpoints"] = True
     if args.resume:
         builder = builder.checkpoint("latest")
     learner = (

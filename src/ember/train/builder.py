@@ -346,6 +346,13 @@ class LearnerBuilder:
                 Artifacts(self._artifact_dir).checkpoints, self._recorder
             )
         self._check_resume(checkpointer)
+        sharded = self._fsdp is not None and self._fsdp.sharded_checkpoints
+        if sharded and checkpointer is not None and not isinstance(checkpointer, FileCheckpointer):
+            raise ConfigError(
+                "FSDP's sharded_checkpoints=True has each process write files of its own, "
+                f"which {type(checkpointer).__name__} cannot hold: use "
+                "with_file_checkpointer(recorder), or drop sharded_checkpoints."
+            )
         options = LearnerOptions(
             model=model,
             optimization=optimization,

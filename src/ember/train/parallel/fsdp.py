@@ -50,6 +50,10 @@ class FsdpOptions:
       state and the checkpoints stay float32.
     - `cpu_offload`: keep the shards, their gradients and the optimizer step in host
       memory (`CPUOffloadPolicy`), for models whose shards do not fit on the GPUs.
+    - `sharded_checkpoints`: each process writes its own shards of the model and
+      optimizer states (with the run's recorder) and rank 0 an index, instead of
+      gathering the whole states on rank 0; for models whose whole state does not fit
+      one host. Such a checkpoint resumes on as many processes, under FSDP.
     """
 
     modules: Sequence[type[nn.Module]] = ()
@@ -57,6 +61,7 @@ class FsdpOptions:
     reshard_after_forward: bool = True
     mixed_precision: str | None = None
     cpu_offload: bool = False
+    sharded_checkpoints: bool = False
     _units: tuple[type[nn.Module], ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -80,7 +85,7 @@ class FsdpOptions:
                 "FsdpOptions(mixed_precision=...) takes 'bf16' (bfloat16 parameters for the "
                 f"compute, float32 gradient reduction) or None, got {self.mixed_precision!r}."
             )
-        for name in ("reshard_after_forward", "cpu_offload"):
+        for name in ("reshard_after_forward", "cpu_offload", "sharded_checkpoints"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
                     f"FsdpOptions({name}=...) takes True or False, got {getattr(self, name)!r}."
@@ -108,6 +113,8 @@ class FsdpOptions:
             parts.append(f"{self.mixed_precision} compute, float32 reduction")
         if self.cpu_offload:
             parts.append("shards offloaded to the CPU")
+        if self.sharded_checkpoints:
+            parts.append("checkpoints written in shards")
         return "; ".join(parts)
 
 
@@ -173,7 +180,7 @@ class FsdpParallel:
         context.progress += 1
         self.model = model
         self.context = context
-        context.sharding = Sharding(model, optimizer, context)
+        context.sharding = Sharding(model, optimizer, context, options.sharded_checkpoints)
 
     def __call__(self, batch: Any) -> Any:
         output = self.model.train_step(batch)  # type: ignore[operator]
@@ -233,10 +240,84 @@ class Sharding:
     """Reads and writes the whole model and optimizer states of a sharded model. Every
     rank calls each method: they gather to, or broadcast from, rank 0."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, context: Any) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        context: Any,
+        per_rank: bool = False,
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.context = context
+        self.per_rank = per_rank
+        """Checkpoints are written in shards, one file per process and part."""
+
+    def states(self, checkpointer: Any, epoch: int) -> tuple[Held, Held, int | None]:
+        """What rank 0 writes as the model and optimizer parts of the checkpoint of
+        `epoch`, and the number of processes that wrote it in shards (None: the parts
+        hold the whole states)."""
+        if not self.per_rank:
+            return (*self.gathered(), None)
+        return (*self.write_shards(checkpointer, epoch), self.context.world)
+
+    def write_shards(self, checkpointer: Any, epoch: int) -> tuple[Held, Held]:
+        """Every rank writes its shards of the model and optimizer states of `epoch` now;
+        returns the index that rank 0 writes as each part (rank 0 removes the
+        checkpoint's last part first, so it is incomplete until rank 0 rewrites it)."""
+        from ember.train.checkpoint.writer import snapshot
+
+        context = self.context
+        if context.main:
+            checkpointer.wait()
+            checkpointer.path("scheduler", epoch).unlink(missing_ok=True)
+        context.barrier()
+        model = {key: _local(value) for key, value in self.model.state_dict().items()}
+        optimizer = self.optimizer.state_dict()
+        optimizer["state"] = {
+            key: {name: _local(value) for name, value in values.items()}
+            for key, values in optimizer["state"].items()
+        }
+        context.progress += 1
+        checkpointer.save_shard(
+            epoch, context.rank, {"model": snapshot(model), "optim": snapshot(optimizer)}
+        )
+        context.progress += 1
+        shapes = {key: list(value.shape) for key, value in self.model.state_dict().items()}
+        index = {SHARDED: {"processes": context.world, "shapes": shapes}}
+        return Held(index), Held(index)
+
+    def load_shards(self, checkpointer: Any, epoch: int, with_optimizer: bool = True) -> None:
+        """Every rank loads its own shards of the checkpoint of `epoch`, written by as
+        many processes."""
+        context, problem = self.context, None
+        try:
+            saved = checkpointer.load_shard(epoch, "model", context.rank)
+            optim = (
+                checkpointer.load_shard(epoch, "optim", context.rank) if with_optimizer else None
+            )
+            with torch.no_grad():
+                for key, value in self.model.state_dict().items():
+                    local, stored = _local(value), saved.get(key)
+                    if not isinstance(stored, torch.Tensor) or stored.shape != local.shape:
+                        raise TrainingError(f"the shard of {key!r} does not fit this model")
+                    local.copy_(stored)
+            if optim is not None:
+                params = [p for group in self.optimizer.param_groups for p in group["params"]]
+                optim["state"] = {
+                    int(key): {
+                        name: _shard_of(value, params[int(key)]) for name, value in v.items()
+                    }
+                    for key, v in optim["state"].items()
+                }
+                self.optimizer.load_state_dict(optim)
+        except Exception as error:
+            problem = f"rank {context.rank}: {type(error).__name__}: {error}"
+        problems = [p for p in context.all_gather(problem) if p is not None]
+        if problems:
+            raise TrainingError(
+                f"The sharded checkpoint of epoch {epoch} cannot be loaded: {problems[0]}"
+            )
 
     def gathered(self) -> tuple[Held, Held]:
         """The whole model and optimizer states, on the CPU of rank 0 (empty elsewhere)."""
@@ -291,6 +372,36 @@ class Sharding:
         if with_optimizer:
             set_optimizer_state_dict(self.model, self.optimizer, optim_state, options=options)
         context.progress += 1
+
+
+SHARDED = "ember.sharded_checkpoint"
+"""The key of the index that stands for the model and optimizer parts of a checkpoint
+written in shards (`FsdpOptions(sharded_checkpoints=True)`)."""
+
+
+def _local(tensor: Any) -> Any:
+    """This process's shard of a sharded tensor (a DTensor); any other value as it is."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def _shard_of(value: Any, param: Any) -> Any:
+    """A saved optimizer state value, as the sharded tensor of `param`'s placement when
+    it is the shard of a tensor shaped like the parameter."""
+    if not (isinstance(value, torch.Tensor) and hasattr(param, "device_mesh")):
+        return value
+    if value.dim() == 0 or value.shape != param.to_local().shape:
+        return value
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(
+        value.to(param.device),
+        param.device_mesh,
+        param.placements,
+        shape=param.shape,
+        stride=param.stride(),
+        run_check=False,
+    )
 
 
 def _gathering() -> Any:
