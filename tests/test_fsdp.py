@@ -85,6 +85,25 @@ def test_fsdp_ddp_and_one_process_train_alike_at_the_same_global_batch(tmp_path)
     )
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_fsdp_on_two_gpus_trains_as_ddp_and_its_checkpoint_resumes_on_one(tmp_path):
+    gpus = ("--processes", "2", "--batch", "16", "--device", "cuda")
+    fsdp = start(tmp_path / "fsdp", *gpus, "--strategy", "fsdp")
+    finish(start(tmp_path / "ddp", *gpus))
+    finish(fsdp)
+    reference = final(tmp_path / "ddp")
+    for key, value in final(tmp_path / "fsdp").items():  # NCCL sums in its own order
+        torch.testing.assert_close(value, reference[key], rtol=1e-4, atol=1e-5)
+    assert "2 processes (nccl)" in (tmp_path / "fsdp" / "experiment.log").read_text()
+    args = ("--processes", "1", "--batch", "32", "--device", "cuda", "--epochs", "3", "--resume")
+    finish(start(tmp_path / "fsdp", *args))  # the whole state, gathered from the GPUs
+    assert (
+        "Resumed from the checkpoint of epoch 2."
+        in (tmp_path / "fsdp" / "experiment.log").read_text()
+    )
+
+
 def stop_mid_epoch(directory: Path, events: Path, *args: str) -> subprocess.Popen[str]:
     """Start a 2-process FSDP run whose steps are slowed down (SIGTERM it with `stop`)."""
     fsdp = ("--processes", "2", "--strategy", "fsdp", "--slow", "0.15")
@@ -109,77 +128,64 @@ def stop(runs: list[tuple[subprocess.Popen[str], Path]]) -> None:
 
 
 @pytest.mark.slow
-def test_a_stopped_fsdp_run_resumes_exactly_and_on_one_process_or_a_plain_model(tmp_path):
+@pytest.mark.parametrize("shards", [False, True], ids=["whole", "sharded"])
+def test_a_stopped_fsdp_run_resumes_exactly_and_on_one_process_if_whole(tmp_path, shards):
+    option = ("--sharded-checkpoints",) if shards else ()
     straight = start(tmp_path / "straight", "--processes", "2", "--strategy", "fsdp")
-    stopped, sharded = tmp_path / "stopped", tmp_path / "sharded"
-    runs = [
-        (stop_mid_epoch(stopped, tmp_path / "events"), tmp_path / "events"),
-        (
-            stop_mid_epoch(sharded, tmp_path / "events-2", "--sharded-checkpoints"),
-            tmp_path / "events-2",
-        ),
-    ]
-    stop(runs)
-    checkpoints = sorted(p.name for p in (stopped / "checkpoint").iterdir())
-    assert checkpoints == ["model-1.mpk", "optim-1.mpk", "scheduler-1.mpk"]
-    assert sorted(p.name for p in (sharded / "checkpoint").iterdir()) == [
-        "model-1.mpk",  # the index
-        "model-1.rank-0.mpk",
-        "model-1.rank-1.mpk",
-        "optim-1.mpk",
-        "optim-1.rank-0.mpk",
-        "optim-1.rank-1.mpk",
-        "scheduler-1.mpk",
-    ]
+    stopped, events = tmp_path / "stopped", tmp_path / "events"
+    stop([(stop_mid_epoch(stopped, events, *option), events)])
     scheduler = DefaultRecorder().load(None, stopped / "checkpoint" / "scheduler-1")
     assert 0 < scheduler["learner"]["iteration"] < 7
+    written = sorted(p.name for p in (stopped / "checkpoint").iterdir())
+    if shards:  # the model and optim parts are an index; each rank wrote its shards
+        assert written == [
+            f"{part}-1{rank}.mpk"
+            for part in ("model", "optim")
+            for rank in ("", ".rank-0", ".rank-1")
+        ] + ["scheduler-1.mpk"]
+    else:  # the whole model is in the checkpoint: it loads into the plain module
+        assert written == ["model-1.mpk", "optim-1.mpk", "scheduler-1.mpk"]
+        script = load_example(SCRIPT, "train_ddp_script")
+        plain = script.Linear(argparse.Namespace(mlp=True))
+        path = stopped / "checkpoint" / "model-1"
+        DefaultRecorder().load(plain, path)
+        state = DefaultRecorder().load(None, path)
+        assert state.keys() == plain.state_dict().keys()
+        for key, value in plain.state_dict().items():
+            assert torch.equal(value, state[key])
 
-    # the whole model is in the checkpoint: it loads into the plain module
-    script = load_example(SCRIPT, "train_ddp_script")
-    plain = script.Linear(argparse.Namespace(mlp=True))
-    path = stopped / "checkpoint" / "model-1"
-    DefaultRecorder().load(plain, path)
-    state = DefaultRecorder().load(None, path)
-    assert {key: tuple(value.shape) for key, value in state.items()} == {
-        key: tuple(value.shape) for key, value in plain.state_dict().items()
-    }
-    for key, value in plain.state_dict().items():
-        assert torch.equal(value, state[key])
-
-    # same world size: bit for bit; one process: within float rounding; a sharded
-    # checkpoint on one process: refused
-    alone, sharded_alone = tmp_path / "alone", tmp_path / "sharded-alone"
+    # same world size: bit for bit; one process: within float rounding from a whole
+    # checkpoint, refused from a sharded one
+    alone = tmp_path / "alone"
     shutil.copytree(stopped, alone)
-    shutil.copytree(sharded, sharded_alone)
-    resumed = start(stopped, "--processes", "2", "--strategy", "fsdp", "--resume")
-    resumed_shards = start(sharded, "--processes", "2", "--strategy", "fsdp", "--resume")
+    resumed = start(stopped, "--processes", "2", "--strategy", "fsdp", "--resume", *option)
     single = start(alone, "--processes", "1", "--batch", "32", "--resume")
-    refused = start(sharded_alone, "--processes", "1", "--batch", "32", "--resume")
-    for run in (resumed, resumed_shards, single, straight):
-        finish(run)
-    _, stderr = refused.communicate(timeout=120)
-    assert refused.returncode == 1
+    finish(resumed), finish(straight)
+    expected = final(tmp_path / "straight")
+    for key, value in final(stopped).items():
+        assert torch.equal(value, expected[key]), key
+    log = (stopped / "experiment.log").read_text()
+    assert "Resumed from the checkpoint of epoch 1, iteration" in log
+    if not shards:
+        finish(single)
+        for key, value in final(alone).items():
+            torch.testing.assert_close(value, expected[key], rtol=1e-5, atol=1e-5)
+        return
+    _, stderr = single.communicate(timeout=120)
+    assert single.returncode == 1
     assert (
         "The checkpoint of epoch 1 was written in shards by 2 FSDP processes "
         "(sharded_checkpoints=True), and this run has 1 (one process): it resumes only on 2 "
         "processes with devices(..., strategy='fsdp')."
     ) in stderr
-    expected = final(tmp_path / "straight")
-    for directory in (stopped, sharded):
-        for key, value in final(directory).items():
-            assert torch.equal(value, expected[key]), (directory.name, key)
-        log = (directory / "experiment.log").read_text()
-        assert "Resumed from the checkpoint of epoch 1, iteration" in log
-    for key, value in final(alone).items():
-        torch.testing.assert_close(value, expected[key], rtol=1e-5, atol=1e-5)
     # each checkpoint kept has its shards, and no other shard is left
-    names = sorted(p.name for p in (sharded / "checkpoint").iterdir())
+    names = sorted(p.name for p in (stopped / "checkpoint").iterdir())
     assert [n for n in names if ".rank-" in n] == [
         f"{part}-{epoch}.rank-{rank}.mpk"
         for part in ("model", "optim")
         for epoch in (1, 2)
         for rank in (0, 1)
-    ]
+    ], names
 
 
 # Choosing the strategy, in this process ------------------------------------------------
@@ -225,6 +231,9 @@ def test_strategy_errors_name_the_fix():
     with pytest.raises(ConfigError, match="in one place"):
         builder.devices(["cpu", "cpu"], strategy=FsdpOptions(), min_params=10)
     chosen = builder.devices(["cpu", "cpu"], strategy=FsdpOptions(min_params=10))
+    offload = LearnerBuilder("unused").devices(["cpu", "cpu"], strategy="fsdp", cpu_offload=True)
+    with pytest.raises(ConfigError, match="this run trains on the CPU, where they are already"):
+        offload.build(Net(), AdamConfig(), 1e-3)
     with pytest.raises(ConfigError, match=r"mixed_precision\('fp16'\) needs a gradient scaler"):
         chosen.mixed_precision("fp16").build(Net(), AdamConfig(), 1e-3)
 

@@ -3,7 +3,7 @@
 Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-rank R]
     [--hang-rank R] [--slow SECONDS] [--events FILE] [--timeout SECONDS] [--resume]
     [--strategy ddp|fsdp] [--sharded-checkpoints] [--mlp] [--adam] [--accumulate K]
-    [--clip NORM]
+    [--clip NORM] [--device cpu|cuda]
 Under torchrun, pass --processes 1: torchrun provides the processes.
 
 --strategy fsdp shards the model (each hidden block of --mlp is a unit of its own),
@@ -108,6 +108,7 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--clip", type=float, default=None)
     parser.add_argument("--sharded-checkpoints", action="store_true")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -117,6 +118,9 @@ def main() -> None:
     )
     valid = DataLoaderBuilder(BlobBatcher()).batch_size(args.batch).build(BlobDataset(61, seed=1))
     builder = LearnerBuilder(args.dir)
+    devices = ["cpu"] * args.processes
+    if args.device == "cuda":  # one GPU per process (under torchrun: cuda:LOCAL_RANK)
+        devices = [f"cuda:{i}" for i in range(args.processes)] if args.processes > 1 else ["cuda"]
     strategy = {}
     if args.strategy == "fsdp":
         strategy = {"strategy": "fsdp", "modules": [Block]}
@@ -130,7 +134,7 @@ def main() -> None:
         .metric_valid_numeric(AccuracyMetric())
         .metric_valid_numeric(LossMetric())
         .with_file_checkpointer(DefaultRecorder())
-        .devices(["cpu"] * args.processes, timeout=args.timeout, **strategy)
+        .devices(devices, timeout=args.timeout, **strategy)
         .num_epochs(args.epochs)
         .grads_accumulation(args.accumulate)
         .renderer(PlainRenderer(interval=3600))

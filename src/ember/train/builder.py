@@ -325,6 +325,11 @@ class LearnerBuilder:
             device = _model_device(model)
         else:
             device = process_device(self._devices, placement[2] if placement else 0)
+        if self._fsdp is not None and self._fsdp.cpu_offload and device.type == "cpu":
+            raise ConfigError(
+                "FSDP's cpu_offload=True keeps the shards of a model trained on GPUs in host "
+                "memory; this run trains on the CPU, where they are already. Drop cpu_offload."
+            )
         model.to(device)
         if self._compile is not None:
             model.compile(**self._compile)

@@ -597,7 +597,7 @@ class Learner:
         """An evaluator of the model with the learner's settings. It has an interrupter
         of its own: a stop that ended `fit` (and sets `exit_code`) does not stop it."""
         metrics = self.metrics.get("valid") or self.metrics.get("train") or ()
-        if self._whole is not None:
+        if self.options.fsdp is not None:
             raise TrainingError(
                 "evaluate() and predict() need the whole model, and under FSDP each process "
                 "held a shard of it until fit() ended. Load the trained weights into a plain "

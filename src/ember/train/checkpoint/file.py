@@ -61,6 +61,19 @@ class FileCheckpointer:
         for part, tree in parts.items():
             self.recorder.save(tree, self.shard_path(part, epoch, rank), kind="state")
 
+    def drop_shards(self, epoch: int) -> None:
+        """Before `epoch` is written whole over a checkpoint written in shards: remove
+        its last part, then the shards, which the new checkpoint does not use."""
+        shards = [
+            shard
+            for part in ("model", "optim")
+            for shard in checkpoint_shards(self.directory, part, epoch, self.extension)
+        ]
+        if shards:
+            self.path("scheduler", epoch).unlink(missing_ok=True)
+            for shard in shards:
+                shard.unlink(missing_ok=True)
+
     def load_shard(self, epoch: int, part: str, rank: int) -> Any:
         path = self.shard_path(part, epoch, rank)
         if not path.exists():

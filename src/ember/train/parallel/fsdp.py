@@ -258,6 +258,9 @@ class Sharding:
         `epoch`, and the number of processes that wrote it in shards (None: the parts
         hold the whole states)."""
         if not self.per_rank:
+            drop = getattr(checkpointer, "drop_shards", None)
+            if self.context.main and callable(drop):
+                drop(epoch)  # shards of a run that wrote this epoch in shards before
             return (*self.gathered(), None)
         return (*self.write_shards(checkpointer, epoch), self.context.world)
 
