@@ -268,7 +268,7 @@ class Sharding:
         """Every rank writes its shards of the model and optimizer states of `epoch` now;
         returns the index that rank 0 writes as each part (rank 0 removes the
         checkpoint's last part first, so it is incomplete until rank 0 rewrites it)."""
-        from ember.train.checkpoint.writer import snapshot
+        from ember.train.checkpoint.writer import Snapshots
 
         context = self.context
         if context.main:
@@ -282,9 +282,13 @@ class Sharding:
             for key, values in optimizer["state"].items()
         }
         context.progress += 1
-        checkpointer.save_shard(
-            epoch, context.rank, {"model": snapshot(model), "optim": snapshot(optimizer)}
-        )
+        snapshots = Snapshots()
+        shard = {
+            "model": snapshots.take("model", model),
+            "optim": snapshots.take("optim", optimizer),
+        }
+        snapshots.wait()
+        checkpointer.save_shard(epoch, context.rank, shard)
         context.progress += 1
         shapes = {key: list(value.shape) for key, value in self.model.state_dict().items()}
         index = {SHARDED: {"processes": context.world, "shapes": shapes}}
