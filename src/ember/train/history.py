@@ -13,13 +13,14 @@ nothing parses numbers back from `experiment.log`, which is text for people.
  "epochs": [{"epoch": 1, "train": {"Loss": 0.3101..., "Accuracy": 91.2...},
              "valid": {"Loss": 0.2233...}}],
  "checkpoints": [1],
- "outcome": "completed"}
+ "outcome": "completed", "stop_reason": {"reason": "completed"}}
 ```
 
 Values are the learner's epoch values at full precision (floats written as their
 shortest round-tripping text); NaN and infinities are the strings "nan", "inf" and
 "-inf". `checkpoints` lists the epochs with a complete checkpoint after retention;
-`outcome` is null while the run has not ended.
+`outcome` and `stop_reason` are null while the run has not ended. `stop_reason` was
+added later in version 1: readers take a missing key as null.
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ class RunHistory:
         self.epochs: list[tuple[int, dict[str, dict[str, float]]]] = []
         self.checkpoints: list[int] = []
         self.outcome: str | None = None
+        self.stop_reason: dict[str, Any] | None = None
+        """Why the run ended, once it has (`Outcome.to_json()`: "reason", and for early
+        stopping "rule", "split", "metric", "epoch", "value", "reference")."""
         self.model: str | None = None
         self.num_parameters: int | None = None
         self._lock = threading.Lock()
@@ -128,6 +132,7 @@ class RunHistory:
             self.epochs = [(e, v) for e, v in self.epochs if e < epoch]
             self.checkpoints = [e for e in self.checkpoints if e < epoch]
             self.outcome = None
+            self.stop_reason = None
             self._write()
 
     def set_checkpoints(self, epochs: Sequence[int]) -> None:
@@ -136,8 +141,11 @@ class RunHistory:
             self._write()
 
     def finish(self, outcome: str) -> None:
+        """The run ended: its outcome text, and its reason when `outcome` is an `Outcome`."""
+        to_json = getattr(outcome, "to_json", None)
         with self._lock:
-            self.outcome = outcome
+            self.outcome = str(outcome)
+            self.stop_reason = to_json() if callable(to_json) else None
             self._write()
 
     # Reading --------------------------------------------------------------------------
@@ -158,6 +166,7 @@ class RunHistory:
             ],
             "checkpoints": list(self.checkpoints),
             "outcome": self.outcome,
+            "stop_reason": self.stop_reason,
         }
 
     @classmethod
@@ -188,6 +197,7 @@ class RunHistory:
                 history.epochs.append((int(entry["epoch"]), values))
             history.checkpoints = [int(e) for e in data.get("checkpoints", [])]
             history.outcome = data.get("outcome")
+            history.stop_reason = data.get("stop_reason")
             history.model = data.get("model")
             history.num_parameters = data.get("num_parameters")
         except (KeyError, TypeError, ValueError, AttributeError) as error:

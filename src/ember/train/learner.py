@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 import torch
@@ -34,6 +34,7 @@ from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.base import MetricLogger, RunStart, start_loggers
 from ember.train.logger.file import FileMetricLogger
 from ember.train.options import LearnerOptions
+from ember.train.outcome import Outcome
 from ember.train.output import summed_loss_hint
 from ember.train.position import Position
 from ember.train.preflight import check_not_empty, check_validation
@@ -103,9 +104,11 @@ class Learner:
         when `fit` starts; `steps(train)` tells it before."""
         self.total_steps: int | None = None
         """Optimizer steps of the whole run (`steps_per_epoch * num_epochs`)."""
-        self.outcome: str | None = None
-        """After `fit`: "completed", "stopped: <why>" or "stopped early: <why>"; "failed" or
-        "interrupted" (a second Ctrl-C) when `fit` raised."""
+        self.outcome: Outcome | None = None
+        """After `fit`: "completed", "stopped: <why>" or "stopped early: <why>"; "failed"
+        ("failed: the loss is NaN ...") or "interrupted" (a second Ctrl-C) when `fit`
+        raised. An `Outcome`: the text, with its `reason` (a `StopReason`) and, after
+        early stopping, `early_stop` (the rule that fired and its values)."""
 
     @property
     def exit_code(self) -> int:
@@ -113,13 +116,7 @@ class Learner:
         completed, stopped early or was stopped by a request (the dashboard, code);
         128 + the signal number when a signal stopped it (143 for SIGTERM, 130 for
         Ctrl-C), so a job scheduler sees a preemption; 1 when it failed."""
-        if self.outcome == "interrupted":
-            return 130
-        if self.outcome is None or self.outcome == "failed":
-            return 1
-        if self.outcome.startswith("stopped:") and self.interrupter.signal is not None:
-            return 128 + int(self.interrupter.signal)
-        return 0
+        return 1 if self.outcome is None else self.outcome.exit_code
 
     def steps(self, train: Iterable[Any]) -> tuple[int | None, int | None]:
         """`(steps_per_epoch, total_steps)` that `fit(train, ...)` will take: optimizer
@@ -191,7 +188,7 @@ class Learner:
         """Prepare (nothing on disk changes before the resumed state loads), start,
         train every epoch, end; the loggers, the renderer and the log always close."""
         run = self._prepare(train, valid)
-        reason = "failed"
+        reason: Outcome | str = "failed"
         try:
             with signal_handlers(self.interrupter):
                 processor = self._start(run, valid)
@@ -275,18 +272,19 @@ class Learner:
         self._emit(Start(start.epoch, self.num_epochs, str(self.artifact_dir)))
         return processor
 
-    def _failure(self, error: BaseException) -> str:
-        """Log how the run ended on an exception; "interrupted" or "failed"."""
+    def _failure(self, error: BaseException) -> Outcome:
+        """Log how the run ended on an exception; "interrupted" or "failed[: why]"."""
         where = f"epoch {self.epoch}, iteration {self.iteration}"
+        outcome = Outcome.failed(error)
         if isinstance(error, KeyboardInterrupt):
             log.error("Training interrupted (KeyboardInterrupt) at %s.", where)
-            return "interrupted"
+            return outcome
         elsewhere = self.dist.caused_elsewhere(error) if self.dist is not None else None
         if elsewhere is not None:  # another rank failed: its record says why
             log.error("Training stopped at %s. %s", where, elsewhere)
         else:
             log.exception("Training failed at %s.", where)
-        return "failed"
+        return outcome
 
     def _count_steps(self, train: BatchPlanner) -> list[str]:
         """The run's optimizer steps, and the schedule that waits for them ("auto");
@@ -310,7 +308,7 @@ class Learner:
         train: BatchPlanner,
         valid: BatchPlanner | None,
         resume: Resume,
-    ) -> str:
+    ) -> Outcome:
         """Every epoch left; returns how the run ended."""
         for epoch in range(resume.position.epoch, self.num_epochs + 1):
             self.epoch = epoch
@@ -328,7 +326,7 @@ class Learner:
             reason = self._end_epoch(epoch, epoch_values)
             if reason is not None:
                 return reason
-        return "completed"
+        return Outcome.completed()
 
     def _train_epoch(
         self, processor: MetricsProcessor, plan: EpochPlan, resume: Resume
@@ -438,7 +436,7 @@ class Learner:
         finally:
             self.model.train()
 
-    def _end_epoch(self, epoch: int, values: EpochValues) -> str | None:
+    def _end_epoch(self, epoch: int, values: EpochValues) -> Outcome | None:
         """Decide (a stop, early stopping), then checkpoint, then tell the listeners;
         return a reason to stop."""
         for split, split_values in values.items():
@@ -457,7 +455,7 @@ class Learner:
             why = self.options.early_stopping.should_stop(self.history)
             if why is not None:
                 log.info("Early stopping after epoch %d: %s.", epoch, why)
-                reason = f"stopped early: {why}"
+                reason = Outcome.stopped_early(why)
         position = Position(epoch, self.iteration, self.items, True)
         self.checkpoints.save(position, self.model, self.optim, self.dist)
         self._emit(EndEpoch(epoch, values))
@@ -472,8 +470,9 @@ class Learner:
             hook(split)
         self._emit(StartSplit(split, epoch, first))
 
-    def _stop_reason(self) -> str:
-        return f"stopped: {self.interrupter.message or 'stop requested on another rank'}"
+    def _stop_reason(self) -> Outcome:
+        message = self.interrupter.message or "stop requested on another rank"
+        return Outcome.stopped(message, self.interrupter.signal)
 
     # Setting up ------------------------------------------------------------------
     def _load_history(self, resume: Resume, main: bool) -> None:
@@ -539,7 +538,8 @@ class Learner:
     def _print_summary(self) -> None:
         from ember.train.summary import LearnerSummary
 
-        table = LearnerSummary.from_dir(self.artifact_dir).table()
+        summary = LearnerSummary.from_dir(self.artifact_dir)
+        table = replace(summary, outcome=self.outcome).table()  # history.json has it at the end
         print(table)
         log.info("%s", table)
 

@@ -54,6 +54,8 @@ class LearnerSummary:
     model: str | None
     num_parameters: int | None
     metrics: tuple[MetricSummary, ...]
+    outcome: str | None = None
+    """How the run ended (`history.json`), or None while it runs or when unknown."""
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike[str]) -> LearnerSummary:
@@ -74,12 +76,12 @@ class LearnerSummary:
                 f"{root} holds no metric logs (expected train/epoch-N/<Metric>.log): "
                 "is it an ember artifact directory?"
             )
-        model, parameters = None, None
+        model, parameters, outcome = None, None, None
         history = Artifacts(root).history
         if history.exists():
             saved = RunHistory.load(history)
-            model, parameters = saved.model, saved.num_parameters
-        return cls(root, last_epoch, model, parameters, tuple(rows))
+            model, parameters, outcome = saved.model, saved.num_parameters, saved.outcome
+        return cls(root, last_epoch, model, parameters, tuple(rows), outcome)
 
     def table(self) -> str:
         """A plain-text table, for terminals and experiment.log alike."""
@@ -110,4 +112,6 @@ class LearnerSummary:
             rule,
         ]
         lines += [line(row) for row in body]
+        if self.outcome is not None:
+            lines.append(f"Outcome: {self.outcome}")
         return "\n".join(lines)
