@@ -26,13 +26,14 @@ from ember.train.describe import describe_run, run_info
 from ember.train.distributed import Distributed, join, no_sync, setup, world_size, wrap
 from ember.train.evaluator import Evaluator
 from ember.train.events import End, EndEpoch, ProcessedItem, Start, StartEpoch, StartSplit
-from ember.train.guard import LossGuard
+from ember.train.guard import LossGuard, NonFiniteLoss
 from ember.train.history import RunHistory
 from ember.train.interrupter import Interrupter
 from ember.train.lock import RunLock
 from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.base import MetricLogger, RunStart, start_loggers
 from ember.train.logger.file import FileMetricLogger
+from ember.train.model_summary import summarize_model
 from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome
 from ember.train.output import summed_loss_hint
@@ -254,6 +255,8 @@ class Learner:
         )
         info = run_info(self, start)
         log.info("%s", describe_run(self, info))
+        summary = summarize_model(self.model, self.options.model_summary)
+        info = replace(info, model_summary=summary)
         self.run_history.describe_model(info.model_name, info.num_parameters)
         if start.epoch > self.num_epochs:
             self.epoch = start.epoch - 1
@@ -275,7 +278,7 @@ class Learner:
     def _failure(self, error: BaseException) -> Outcome:
         """Log how the run ended on an exception; "interrupted" or "failed[: why]"."""
         where = f"epoch {self.epoch}, iteration {self.iteration}"
-        outcome = Outcome.failed(error)
+        outcome = Outcome.failed(error, isinstance(error, NonFiniteLoss))
         if isinstance(error, KeyboardInterrupt):
             log.error("Training interrupted (KeyboardInterrupt) at %s.", where)
             return outcome

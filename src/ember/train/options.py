@@ -54,3 +54,7 @@ class LearnerOptions:
     """On resume, whose optimizer hyperparameters win: "checkpoint" or "new"."""
     compile: Mapping[str, Any] | None = None
     """The `torch.compile` options the model was compiled with, or None."""
+    activation_checkpointing: tuple[type, ...] = ()
+    """The module classes wrapped for activation checkpointing."""
+    model_summary: int | None = 1
+    """The depth of the model summary written when `fit` starts; None: no summary."""

@@ -46,11 +46,12 @@ class EarlyStopRule(str, enum.Enum):
 
 class EarlyStop(str):
     """An early stopping decision: its text (what `should_stop` returns) with the rule
-    that fired, the monitored metric (`split`, `metric`), the epoch and value that
+    that fired, the monitored metric (`split_name`, `metric`), the epoch and value that
     decided, and the threshold or best value it was compared with."""
 
     rule: EarlyStopRule
-    split: str | None
+    split_name: str | None
+    """The monitored split ("train", "valid"); `split` stays the str method."""
     metric: str | None
     epoch: int | None
     value: float | None
@@ -69,7 +70,7 @@ class EarlyStop(str):
     ) -> EarlyStop:
         decision = super().__new__(cls, text)
         decision.rule = EarlyStopRule(rule)
-        decision.split, decision.metric, decision.epoch = split, metric, epoch
+        decision.split_name, decision.metric, decision.epoch = split, metric, epoch
         decision.value, decision.reference = value, reference
         return decision
 
@@ -116,12 +117,12 @@ class Outcome(str):
         return cls(f"stopped: {message}", reason, signal=None if signal is None else int(signal))
 
     @classmethod
-    def failed(cls, error: BaseException) -> Outcome:
+    def failed(cls, error: BaseException, non_finite_loss: bool = False) -> Outcome:
+        """How a run that raised `error` ended (`non_finite_loss`: the error is the
+        loss guard's `NonFiniteLoss`)."""
         if isinstance(error, KeyboardInterrupt):
             return cls("interrupted", StopReason.INTERRUPTED)
-        from ember.train.guard import NonFiniteLoss
-
-        if isinstance(error, NonFiniteLoss):
+        if non_finite_loss:
             first = str(error).split(". ", 1)[0].rstrip(".")  # "The loss is NaN at ..."
             return cls(f"failed: {first[:1].lower()}{first[1:]}", StopReason.NONFINITE_LOSS)
         return cls("failed", StopReason.FAILED)
@@ -146,8 +147,14 @@ class Outcome(str):
         early = self.early_stop
         if early is not None:
             data["rule"] = early.rule.value
-            for key in ("split", "metric", "epoch", "value", "reference"):
-                value = getattr(early, key)
+            for key, attribute in (
+                ("split", "split_name"),
+                ("metric", "metric"),
+                ("epoch", "epoch"),
+                ("value", "value"),
+                ("reference", "reference"),
+            ):
+                value = getattr(early, attribute)
                 if value is not None:
                     finite = not isinstance(value, float) or math.isfinite(value)
                     data[key] = value if finite else repr(value)

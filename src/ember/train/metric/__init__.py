@@ -15,6 +15,7 @@ from ember.train.metric.inputs import (
 )
 from ember.train.metric.learning_rate import LearningRateMetric
 from ember.train.metric.loss import LossMetric
+from ember.train.metric.nvml import CudaMetric
 from ember.train.metric.perplexity import PerplexityMetric
 from ember.train.metric.precision_recall import FBetaScoreMetric, PrecisionMetric, RecallMetric
 from ember.train.metric.speed import IterationSpeedMetric
@@ -29,6 +30,7 @@ __all__ = [
     "CpuMemoryMetric",
     "CpuUseMetric",
     "CudaMemoryMetric",
+    "CudaMetric",
     "FBetaScoreMetric",
     "HammingScoreMetric",
     "IterationSpeedMetric",
