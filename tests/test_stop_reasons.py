@@ -152,8 +152,9 @@ def test_the_rule_that_stopped_the_run_is_in_every_place_a_user_looks(
         "value": 0.25,
         "reference": 0.5,
     }
-    assert LearnerSummary.from_dir(tmp_path).table().endswith(f"Outcome: stopped early: {why}")
-    assert f"Outcome: stopped early: {why}" in capsys.readouterr().out  # the printed summary
+    first = LearnerSummary.from_dir(tmp_path).table().splitlines()[0]
+    assert first.endswith(f"2 epochs, Classifier, 195 parameters; outcome: stopped early: {why}")
+    assert first in capsys.readouterr().out  # the summary printed at the end of fit
 
 
 def test_a_custom_strategy_gives_a_custom_rule(tmp_path, quiet, loaders):

@@ -26,6 +26,7 @@ from ember.train.describe import describe_run, run_info
 from ember.train.distributed import Distributed, join, no_sync, setup, world_size, wrap
 from ember.train.evaluator import Evaluator
 from ember.train.events import End, EndEpoch, ProcessedItem, Start, StartEpoch, StartSplit
+from ember.train.flops import FlopCount
 from ember.train.guard import LossGuard, NonFiniteLoss
 from ember.train.history import RunHistory
 from ember.train.interrupter import Interrupter
@@ -92,6 +93,14 @@ class Learner:
         self.guard = LossGuard(
             options.nonfinite_loss, self.device, last_checkpoint=self.checkpoints.last_good
         )
+        self.flops = FlopCount(
+            (entry.metric for entry in self.metrics.get("train", ())),
+            self.model,
+            self.device,
+            self.optim.mixed_precision,
+        )
+        """The FLOPs of one training sample, counted on the first batch for the metrics
+        that need them (`ThroughputMetric("mfu")`)."""
         self.dist: Distributed | None = None
         self._ddp: Any = None
         self._move = self.device.type != "cpu"  # batches from a DataLoader are on the CPU
@@ -380,7 +389,7 @@ class Learner:
             self.items += step.items[index]
             if self._move:
                 batch = to_device(batch, self.device)
-            with no_sync(ddp, index < last):
+            with no_sync(ddp, index < last), self.flops.count(step.sizes[index]):
                 with optim.autocast():
                     output = call_step(forward, batch, "train_step", epoch, iteration)
                 if iteration == check:

@@ -33,6 +33,8 @@ class ClassificationOutput:
     targets: torch.Tensor
     loss_reduction: str = "mean"
     """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+    tokens: int | torch.Tensor | None = None
+    """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is ClassificationInput:
@@ -40,7 +42,9 @@ class ClassificationOutput:
         if input_type is ScoresInput:
             return ScoresInput(self.output, self.targets)
         if input_type is LossInput:
-            return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
+            return LossInput(
+                self.loss, int(self.targets.shape[0]), self.loss_reduction, self.tokens
+            )
         return None
 
 
@@ -53,6 +57,8 @@ class MultiLabelClassificationOutput:
     targets: torch.Tensor
     loss_reduction: str = "mean"
     """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+    tokens: int | torch.Tensor | None = None
+    """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is MultiLabelInput:
@@ -60,7 +66,9 @@ class MultiLabelClassificationOutput:
         if input_type is ScoresInput:
             return ScoresInput(self.output, self.targets, multilabel=True)
         if input_type is LossInput:
-            return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
+            return LossInput(
+                self.loss, int(self.targets.shape[0]), self.loss_reduction, self.tokens
+            )
         return None
 
 
@@ -73,12 +81,16 @@ class RegressionOutput:
     targets: torch.Tensor
     loss_reduction: str = "mean"
     """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+    tokens: int | torch.Tensor | None = None
+    """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is RegressionInput:
             return RegressionInput(self.output, self.targets)
         if input_type is LossInput:
-            return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
+            return LossInput(
+                self.loss, int(self.targets.shape[0]), self.loss_reduction, self.tokens
+            )
         return None
 
 
@@ -93,6 +105,8 @@ class SequenceOutput:
     pad_token: int | None = None
     loss_reduction: str = "mean"
     """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+    tokens: int | torch.Tensor | None = None
+    """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is SequenceInput:
@@ -105,7 +119,9 @@ class SequenceOutput:
                 pad_token=self.pad_token,
             )
         if input_type is LossInput:
-            return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
+            return LossInput(
+                self.loss, int(self.targets.shape[0]), self.loss_reduction, self.tokens
+            )
         return None
 
 

@@ -106,12 +106,11 @@ class LearnerSummary:
         model = (
             f"{self.model}, {self.num_parameters:,} parameters" if self.model else "model unknown"
         )
+        ended = f"; outcome: {self.outcome}" if self.outcome is not None else ""
         lines = [
-            f"Summary of {self.artifact_dir}: {self.epochs} epochs, {model}",
+            f"Summary of {self.artifact_dir}: {self.epochs} epochs, {model}{ended}",
             line(header),
             rule,
         ]
         lines += [line(row) for row in body]
-        if self.outcome is not None:
-            lines.append(f"Outcome: {self.outcome}")
         return "\n".join(lines)

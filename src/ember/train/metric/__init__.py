@@ -20,6 +20,7 @@ from ember.train.metric.perplexity import PerplexityMetric
 from ember.train.metric.precision_recall import FBetaScoreMetric, PrecisionMetric, RecallMetric
 from ember.train.metric.speed import IterationSpeedMetric
 from ember.train.metric.system import CpuMemoryMetric, CpuUseMetric, CudaMemoryMetric
+from ember.train.metric.throughput import ThroughputMetric
 from ember.train.metric.topk import TopKAccuracyMetric
 from ember.train.metric.torchmetric import TorchMetric
 
@@ -47,6 +48,7 @@ __all__ = [
     "RegressionInput",
     "ScoresInput",
     "SequenceInput",
+    "ThroughputMetric",
     "TopKAccuracyMetric",
     "TorchMetric",
     "adapt",
