@@ -1,5 +1,6 @@
 """Counting the model's FLOPs once, on the first training batch, for the metrics that
-ask for them (`set_flops(flops_per_sample, device, dtype)`, as `ThroughputMetric("mfu")`).
+ask for them (`set_flops(batch_flops, device, dtype)`, as `ThroughputMetric("mfu")`,
+which divides them by that batch's samples as it counts them).
 
 The count runs during that batch's forward and backward under
 `torch.utils.flop_counter.FlopCounterMode`: no extra step is taken, and the counter only
@@ -33,16 +34,17 @@ class FlopCount:
         self.targets = [m for m in metrics if callable(getattr(m, "set_flops", None))]
         self.model, self.device, self.mixed = model, device, mixed
         self.done = not self.targets
-        self.flops_per_sample: float | None = None
+        self.batch_flops: int | None = None
+        """The FLOPs of the first batch, once counted."""
 
-    def count(self, samples: int) -> ContextManager[None]:
+    def count(self) -> ContextManager[None]:
         """Around one batch's forward and backward: counted the first time only."""
         if self.done:
             return nullcontext()
-        return self._count(samples)
+        return self._count()
 
     @contextmanager
-    def _count(self, samples: int) -> Iterator[None]:
+    def _count(self) -> Iterator[None]:
         from torch.utils.flop_counter import FlopCounterMode
 
         from ember.train.metric.throughput import compute_dtype
@@ -51,10 +53,9 @@ class FlopCount:
         counter = FlopCounterMode(display=False)
         with counter:
             yield
-        flops = counter.get_total_flops()
-        self.flops_per_sample = flops / samples if flops and samples else None
+        self.batch_flops = counter.get_total_flops()
         dtype = next(
             (p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32
         )
         for metric in self.targets:
-            metric.set_flops(self.flops_per_sample, self.device, compute_dtype(dtype, self.mixed))
+            metric.set_flops(self.batch_flops, self.device, compute_dtype(dtype, self.mixed))

@@ -389,7 +389,7 @@ class Learner:
             self.items += step.items[index]
             if self._move:
                 batch = to_device(batch, self.device)
-            with no_sync(ddp, index < last), self.flops.count(step.sizes[index]):
+            with no_sync(ddp, index < last), self.flops.count():
                 with optim.autocast():
                     output = call_step(forward, batch, "train_step", epoch, iteration)
                 if iteration == check:

@@ -130,6 +130,8 @@ class ThroughputMetric:
         self.peak: float | None = self.peak_override
         """The peak FLOP/s MFU is taken against, once known."""
         self.unavailable_reason: str | None = None
+        self._batch_flops: float | None = None
+        self._dtype = ""
         self._start = time.perf_counter()
         self._samples = 0
         self._tokens: int | torch.Tensor = 0
@@ -137,16 +139,16 @@ class ThroughputMetric:
         self._merged: float | None = None
 
     # The learner's FLOP count ------------------------------------------------------
-    def set_flops(self, flops_per_sample: float | None, device: torch.device, dtype: str) -> None:
-        """The FLOPs of one sample (None: none could be counted) on `device`, computed in
-        `dtype` ("bf16", "fp16", "tf32", "fp32"): what MFU needs."""
+    def set_flops(self, batch_flops: int | None, device: torch.device, dtype: str) -> None:
+        """The FLOPs of the first training batch, forward and backward (0 or None: none
+        could be counted), on `device`, computed in `dtype` ("bf16", "fp16", "tf32",
+        "fp32"). The next update, that batch's, divides them by its samples."""
         if self.kind != "mfu":
             return
-        self.flops_per_sample = flops_per_sample or None
         if self.peak is None:
             self.peak = peak_flops(device, dtype)
         reason = None
-        if self.flops_per_sample is None:
+        if not batch_flops:
             reason = "no FLOPs were counted (a compiled model runs outside the counter)"
         elif self.peak is None:
             reason = f"no known peak FLOP/s for {device} in {dtype}: pass peak_flops="
@@ -154,16 +156,25 @@ class ThroughputMetric:
             self.unavailable_reason = reason
             log.info("%s is unavailable: %s.", self.name, reason)
         else:
+            self._batch_flops, self._dtype = float(batch_flops), dtype
+
+    def _per_sample(self, batch_flops: float, samples: int) -> None:
+        """The counted batch's FLOPs over its samples, as this metric counts them."""
+        self.flops_per_sample = batch_flops / samples if samples else None
+        self._batch_flops = None
+        if self.flops_per_sample is not None:
             log.info(
-                "%s: %.4g FLOPs per sample (forward and backward), peak %.4g FLOP/s (%s).",
+                "%s: %.6g FLOPs per sample (forward and backward), peak %.4g FLOP/s (%s).",
                 self.name,
                 self.flops_per_sample,
                 self.peak,
-                dtype,
+                self._dtype,
             )
 
     # Metric protocol ---------------------------------------------------------------
     def update(self, input: LossInput, meta: MetricMetadata) -> MetricValue:
+        if self._batch_flops is not None:
+            self._per_sample(self._batch_flops, int(input.batch_size))
         self._samples += int(input.batch_size)
         elapsed = time.perf_counter() - self._start
         self._elapsed = elapsed
