@@ -147,16 +147,15 @@ class ThroughputMetric:
             return
         if self.peak is None:
             self.peak = peak_flops(device, dtype)
-        reason = None
         if not batch_flops:
             reason = "no FLOPs were counted (a compiled model runs outside the counter)"
         elif self.peak is None:
             reason = f"no known peak FLOP/s for {device} in {dtype}: pass peak_flops="
-        if reason is not None:
-            self.unavailable_reason = reason
-            log.info("%s is unavailable: %s.", self.name, reason)
         else:
             self._batch_flops, self._dtype = float(batch_flops), dtype
+            return
+        self.unavailable_reason = reason
+        log.info("%s is unavailable: %s.", self.name, reason)
 
     def _per_sample(self, batch_flops: float, samples: int) -> None:
         """The counted batch's FLOPs over its samples, as this metric counts them."""
