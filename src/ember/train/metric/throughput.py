@@ -148,7 +148,7 @@ class ThroughputMetric:
         if self.peak is None:
             self.peak = peak_flops(device, dtype)
         if not batch_flops:
-            reason = "no FLOPs were counted (a compiled model runs outside the counter)"
+            reason = "no FLOPs were counted: the first batch ran no matrix product, convolution or attention"
         elif self.peak is None:
             reason = f"no known peak FLOP/s for {device} in {dtype}: pass peak_flops="
         else:
