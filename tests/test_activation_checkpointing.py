@@ -133,3 +133,22 @@ def test_classes_that_match_nothing_fail_at_build_time(classes, message):
         LearnerBuilder("unused").activation_checkpointing(classes).build(
             Net(), AdamConfig().init(), 0.1
         )
+
+
+@pytest.mark.slow  # two runs of two processes each
+def test_under_two_processes_the_weights_are_those_without_it(tmp_path):
+    from pathlib import Path
+
+    from ember_testing import run_script
+
+    script = Path(__file__).parent / "scripts" / "train_ddp.py"
+    runs = {}
+    for name, extra in (("plain", ()), ("recomputed", ("--recompute",))):
+        done = run_script(script, str(tmp_path / name), "--epochs", "1", *extra, timeout=240)
+        assert done.returncode == 0, done.stderr
+        runs[name] = DefaultRecorder().load(None, tmp_path / name / "final")
+    assert list(runs["recomputed"]) == list(runs["plain"]) == ["layer.weight", "layer.bias"]
+    for key, value in runs["plain"].items():
+        torch.testing.assert_close(runs["recomputed"][key], value, rtol=0, atol=0)
+    log = (tmp_path / "recomputed" / "experiment.log").read_text()
+    assert "activation checkpointing (Linear), 2 processes (gloo)" in log

@@ -2,10 +2,12 @@
 
 Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-rank R]
     [--hang-rank R] [--slow SECONDS] [--events FILE] [--timeout SECONDS] [--resume]
+    [--recompute]
 Under torchrun, pass --processes 1: torchrun provides the processes.
 
 --fail-rank raises in the third training step of that rank, --hang-rank sleeps there
-for an hour; --slow sleeps in every step. --events appends "<what> <rank> <time>" lines
+for an hour; --slow sleeps in every step; --recompute turns on activation
+checkpointing of the model's Linear layer. --events appends "<what> <rank> <time>" lines
 to FILE (each step, the failure, the hang), so a test can time what follows. The
 process exits with `learner.exit_code`.
 """
@@ -83,6 +85,7 @@ def main() -> None:
     parser.add_argument("--events", default=None)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--recompute", action="store_true")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -94,6 +97,8 @@ def main() -> None:
     builder = LearnerBuilder(args.dir)
     if args.resume:
         builder = builder.checkpoint("latest")
+    if args.recompute:
+        builder = builder.activation_checkpointing(nn.Linear)
     learner = (
         builder.metric_train_numeric(AccuracyMetric())
         .metric_train_numeric(LossMetric())
