@@ -19,6 +19,16 @@ class EarlyStoppingStrategy(Protocol):
         ...
 
 
+@runtime_checkable
+class PruningStrategy(Protocol):
+    """Decides at each epoch end whether a trial of a hyperparameter search is pruned
+    (`ember.integrations.optuna.OptunaPruning` asks an Optuna pruner)."""
+
+    def should_prune(self, history: History) -> str | None:
+        """Why the run is pruned after the last epoch of `history`, or None to go on."""
+        ...
+
+
 def _threshold(name: str, value: Any) -> float | None:
     if value is None:
         return None

@@ -21,6 +21,8 @@ class StopReason(str, enum.Enum):
     """Every epoch ran."""
     EARLY_STOPPED = "early_stopped"
     """The early stopping strategy ended it (`Outcome.early_stop` says which rule)."""
+    PRUNED = "pruned"
+    """The pruning strategy of a hyperparameter search ended it (`LearnerBuilder.pruning`)."""
     STOPPED = "stopped"
     """A graceful stop asked from code or the dashboard (`Interrupter.stop`)."""
     SIGNAL = "signal"
@@ -112,6 +114,10 @@ class Outcome(str):
         return cls(f"stopped early: {early}", StopReason.EARLY_STOPPED, early_stop=early)
 
     @classmethod
+    def pruned(cls, why: str) -> Outcome:
+        return cls(f"pruned: {why}", StopReason.PRUNED)
+
+    @classmethod
     def stopped(cls, message: str, signal: int | None) -> Outcome:
         reason = StopReason.STOPPED if signal is None else StopReason.SIGNAL
         return cls(f"stopped: {message}", reason, signal=None if signal is None else int(signal))
@@ -129,7 +135,7 @@ class Outcome(str):
 
     @property
     def exit_code(self) -> int:
-        """0 for a run that completed, stopped early or was stopped on request; 128 +
+        """0 for a run that completed, stopped early, was pruned or stopped on request; 128 +
         the signal number after a signal; 130 after a second Ctrl-C; 1 for a failure."""
         if self.reason is StopReason.INTERRUPTED:
             return 130
