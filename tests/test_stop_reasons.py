@@ -221,3 +221,22 @@ def test_a_non_finite_loss_fails_with_its_own_reason(tmp_path, quiet, loaders):
     saved = json.loads((tmp_path / "history.json").read_text())
     assert saved["outcome"] == learner.outcome
     assert saved["stop_reason"] == {"reason": "nonfinite_loss"}
+
+
+def test_a_pruned_run_has_its_reason(tmp_path, quiet, loaders):
+    class PruneAtTwo:
+        def should_prune(self, history):
+            return "trial 7 pruned" if history[-1][0] == 2 else None
+
+    learner = (
+        LearnerBuilder(tmp_path)
+        .pruning(PruneAtTwo())
+        .num_epochs(4)
+        .renderer(quiet)
+        .build(Classifier(), AdamConfig().init(), 1e-2)
+    )
+    learner.fit(*loaders)
+    assert learner.outcome == "pruned: trial 7 pruned" and len(learner.history) == 2
+    assert learner.outcome.reason is StopReason.PRUNED and learner.exit_code == 0
+    saved = json.loads((tmp_path / "history.json").read_text())
+    assert saved["stop_reason"] == {"reason": "pruned"}
