@@ -16,6 +16,7 @@ from ember.train.events import (
     Start,
     StartEpoch,
     StartSplit,
+    ValidPoint,
 )
 from ember.train.interrupter import Interrupter
 from ember.train.learner import Learner
@@ -51,5 +52,6 @@ __all__ = [
     "StartSplit",
     "TrainOutput",
     "TrainStep",
+    "ValidPoint",
     "ValidStep",
 ]

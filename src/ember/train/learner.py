@@ -41,6 +41,7 @@ from ember.train.processor import MetricsProcessor
 from ember.train.renderer.silent import SilentRenderer
 from ember.train.signals import signal_handlers
 from ember.train.step import call_step, check_steps, check_train_output
+from ember.train.validation import ValidationPoints, counts_points, early_stop, validation_points
 
 log = logging.getLogger(__name__)
 EpochValues = dict[str, dict[str, float]]
@@ -90,6 +91,20 @@ class Learner:
         self.guard = LossGuard(
             options.nonfinite_loss, self.device, last_checkpoint=self.checkpoints.last_good
         )
+        self.points = (
+            ValidationPoints(
+                options.valid_every,
+                options.grads_accumulation,
+                options.metrics.get("valid", ()),
+                options.num_epochs,
+                self.artifacts,
+                self.run_history,
+                self.optim.autocast,
+            )
+            if options.valid_every is not None
+            else None
+        )
+        self._early_stop: str | None = None
         self.dist: Distributed | None = None
         self._ddp: Any = None
         self._move = self.device.type != "cpu"  # batches from a DataLoader are on the CPU
@@ -128,7 +143,8 @@ class Learner:
         count of a scheduler config is resolved from. None when the loader has no length."""
         world = world_size(self.devices)
         shard = (0, world) if world > 1 else None
-        per_epoch = BatchPlanner(train, self.grads_accumulation, shard).steps_per_epoch()
+        limit = self.options.limit_batches[0]
+        per_epoch = BatchPlanner(train, self.grads_accumulation, shard, limit).steps_per_epoch()
         return per_epoch, None if per_epoch is None else per_epoch * self.num_epochs
 
     @property
@@ -155,6 +171,11 @@ class Learner:
         self._fitted = True
         if valid is not None:
             check_steps(self.model, ("valid_step",))
+        elif self.points is not None:
+            raise TrainingError(
+                f"valid_every({self.points.every}) validates inside each epoch on the validation "
+                "data, but fit() got none: pass it as fit(train, valid), or leave valid_every out."
+            )
         if restore_best:
             self.checkpoints.check_restore_best(self.metrics)
         self.dist = setup(self.devices, self.options.distributed_timeout)
@@ -221,8 +242,13 @@ class Learner:
             check_not_empty(valid, "validation", "fit(train) without validation data")
         resume = self.checkpoints.resume_point()
         shard = (dist.rank, dist.world) if dist is not None else None
-        train_plan = BatchPlanner(train, self.grads_accumulation, shard)
-        valid_plan = BatchPlanner(valid, 1, shard) if valid is not None else None
+        train_limit, valid_limit = self.options.limit_batches
+        train_plan = BatchPlanner(train, self.grads_accumulation, shard, train_limit)
+        train_plan.check_limit("training", "train")
+        valid_plan = None
+        if valid is not None:
+            valid_plan = BatchPlanner(valid, 1, shard, valid_limit)
+            valid_plan.check_limit("validation", "valid")
         notes = self._count_steps(train_plan)
         self.optim.lr.check_monitor(
             {split: [entry.name for entry in entries] for split, entries in self.metrics.items()}
@@ -316,12 +342,12 @@ class Learner:
             self.epoch = epoch
             self._emit(StartEpoch(epoch, self.num_epochs))
             plan = train.epoch(epoch, resume.position)
-            values = self._train_epoch(processor, plan, resume)
+            values = self._train_epoch(processor, plan, resume, valid)
             if values is None:  # stopped mid-epoch
                 position = Position(epoch, self.iteration, self.items, False)
                 lines, states = processor.line_counts(), processor.epoch_states()
                 self.checkpoints.save(position, self.model, self.optim, self.dist, lines, states)
-                return self._stop_reason()
+                return self._early_stop or self._stop_reason()
             epoch_values = {"train": values}
             if valid is not None:
                 epoch_values["valid"] = self._valid_epoch(processor, valid, epoch)
@@ -331,7 +357,11 @@ class Learner:
         return "completed"
 
     def _train_epoch(
-        self, processor: MetricsProcessor, plan: EpochPlan, resume: Resume
+        self,
+        processor: MetricsProcessor,
+        plan: EpochPlan,
+        resume: Resume,
+        valid: BatchPlanner | None = None,
     ) -> dict[str, float] | None:
         """Train one epoch (from where a resumed run stands); its epoch values, or
         None when a stop ended it early."""
@@ -348,6 +378,11 @@ class Learner:
             for step in plan:
                 finite = self._run_step(processor, step, epoch, plan.total, start.iteration + 1)
                 self._step_optimizer(finite, epoch)
+                if self._point_due(step, plan.total, valid) and self._valid_point(
+                    processor, valid, epoch
+                ):
+                    stop = True  # early stopping, counting validation points
+                    break
                 stop = self._stop_requested(step)
                 if stop:
                     break
@@ -417,6 +452,37 @@ class Learner:
             stop = self.dist.any(stop) if step.may_vote else False
         return stop
 
+    def _point_due(self, step: Step, total: int | None, valid: BatchPlanner | None) -> bool:
+        return valid is not None and self.points is not None and self.points.due(step, total)
+
+    def _valid_point(
+        self, processor: MetricsProcessor, planner: BatchPlanner | None, epoch: int
+    ) -> bool:
+        """Validate inside the epoch (`valid_every`); True when early stopping, which
+        counts validation points, ends the run here."""
+        assert self.points is not None and planner is not None
+        main = self.dist is None or self.dist.main
+        self.points.run(
+            self.model,
+            planner,
+            epoch,
+            self.iteration,
+            self.device,
+            self.dist,
+            main,
+            processor.renderer,
+            self._emit,
+        )
+        strategy = self.options.early_stopping
+        if strategy is None or not counts_points(strategy):
+            return False
+        why = strategy.should_stop_at_point(validation_points(self.run_history))  # type: ignore[attr-defined]
+        if why is None:
+            return False
+        log.info("Early stopping at epoch %d, iteration %d: %s.", epoch, self.iteration, why)
+        self._early_stop = f"stopped early: {why}"
+        return True
+
     def _valid_epoch(
         self, processor: MetricsProcessor, planner: BatchPlanner, epoch: int
     ) -> dict[str, float]:
@@ -427,7 +493,7 @@ class Learner:
         processor.start_split("valid", epoch, plan.total)
         try:
             with torch.inference_mode(), self.optim.autocast():
-                for iteration, batch in enumerate(plan.loader, start=1):
+                for iteration, batch in enumerate(plan.batches(), start=1):
                     if self._move:
                         batch = to_device(batch, self.device)
                     item = call_step(self.model.valid_step, batch, "valid_step", epoch, iteration)
@@ -454,7 +520,7 @@ class Learner:
         if stop:
             reason = self._stop_reason()
         elif self.options.early_stopping is not None:
-            why = self.options.early_stopping.should_stop(self.history)
+            why = early_stop(self.options.early_stopping, self.run_history, self.points is not None)
             if why is not None:
                 log.info("Early stopping after epoch %d: %s.", epoch, why)
                 reason = f"stopped early: {why}"
@@ -489,13 +555,15 @@ class Learner:
                 saved = RunHistory.load(history.path)
                 history.epochs = saved.epochs
                 history.checkpoints = saved.checkpoints
+                history.points = saved.points
             else:  # a run from before the history file: the checkpoint carried it
                 history.epochs = [
                     (int(e), v) for e, v in resume.state["learner"].get("history", [])
                 ]
-            history.keep_before(resume.position.epoch)
+            history.keep_before(resume.position.epoch, resume.position.iteration)
         if self.dist is not None:
             history.epochs = self.dist.broadcast(history.epochs)
+            history.points = self.dist.broadcast(history.points)
 
     def _loggers(self, main: bool) -> dict[str, list[MetricLogger]]:
         """Rank 0 writes the metric files and feeds the extra loggers."""
@@ -526,7 +594,7 @@ class Learner:
         """Resuming mid-epoch: keep the lines each training metric log had at the
         checkpoint (later lines came after it), put them back into the metric states,
         and drop that epoch's validation logs."""
-        self.artifacts.drop_epoch("valid", start.epoch)
+        self.artifacts.drop_epoch("valid", start.epoch, points_through=start.iteration)
         rows = {
             entry.name: self.artifacts.truncate_metric_log(
                 "train", start.epoch, entry.name, (counts or {}).get(entry.name, start.iteration)

@@ -54,3 +54,8 @@ class LearnerOptions:
     """On resume, whose optimizer hyperparameters win: "checkpoint" or "new"."""
     compile: Mapping[str, Any] | None = None
     """The `torch.compile` options the model was compiled with, or None."""
+    valid_every: int | None = None
+    """Validate inside each epoch every this many optimizer steps (None: at epoch ends only)."""
+    limit_batches: tuple[int | float | None, int | float | None] = (None, None)
+    """The batches each epoch takes of the training and validation loaders: a count, a
+    fraction of the loader's batches, or None for all."""
