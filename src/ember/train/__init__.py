@@ -20,12 +20,14 @@ from ember.train.events import (
 )
 from ember.train.interrupter import Interrupter
 from ember.train.learner import Learner
+from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.output import (
     ClassificationOutput,
     MultiLabelClassificationOutput,
     RegressionOutput,
     SequenceOutput,
 )
+from ember.train.smoke import SmokeReport, SmokeTestError
 from ember.train.step import TrainOutput, TrainStep, ValidStep
 
 __all__ = [
@@ -41,12 +43,15 @@ __all__ = [
     "Learner",
     "LearnerBuilder",
     "Listener",
+    "LrFinderResult",
     "MetricCheckpointingStrategy",
     "MetricEarlyStoppingStrategy",
     "MultiLabelClassificationOutput",
     "ProcessedItem",
     "RegressionOutput",
     "SequenceOutput",
+    "SmokeReport",
+    "SmokeTestError",
     "Start",
     "StartEpoch",
     "StartSplit",
@@ -54,4 +59,5 @@ __all__ = [
     "TrainStep",
     "ValidPoint",
     "ValidStep",
+    "lr_find",
 ]

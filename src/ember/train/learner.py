@@ -33,6 +33,7 @@ from ember.train.lock import RunLock
 from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.base import MetricLogger, RunStart, start_loggers
 from ember.train.logger.file import FileMetricLogger
+from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.options import LearnerOptions
 from ember.train.output import summed_loss_hint
 from ember.train.position import Position
@@ -40,6 +41,7 @@ from ember.train.preflight import check_not_empty, check_validation
 from ember.train.processor import MetricsProcessor
 from ember.train.renderer.silent import SilentRenderer
 from ember.train.signals import signal_handlers
+from ember.train.smoke import SmokeReport, smoke_test
 from ember.train.step import call_step, check_steps, check_train_output
 from ember.train.validation import ValidationPoints, counts_points, early_stop, validation_points
 
@@ -659,6 +661,27 @@ class Learner:
         (`test/<name>/`), with its validation metrics (the training ones when it has
         none); return `{metric: value}` over the whole set."""
         return self._evaluator().eval(name, loader)
+
+    def lr_find(self, train: Iterable[Any], **options: Any) -> LrFinderResult:
+        """The learning-rate range test on `train` (see `ember.train.lr_finder.lr_find` for
+        `start`, `end`, `steps`, `mode`, `smoothing` and `diverge`): the rates, the
+        losses and a `suggestion`; everything it changes is put back afterwards, and its
+        curve is written to `lr-find.json` for `ember plot`."""
+        return lr_find(self, train, **options)
+
+    def smoke_test(
+        self,
+        train: Iterable[Any],
+        valid: Iterable[Any] | None = None,
+        *,
+        batches: int = 2,
+        echo: bool = True,
+    ) -> SmokeReport:
+        """Run `batches` batches of each split through the whole loop (steps, metrics,
+        files, a checkpoint written and loaded back) in a temporary directory, leaving
+        this learner, its model, optimizer and schedule as they were; return (and print)
+        what ran, or raise `SmokeTestError` naming the part that fails."""
+        return smoke_test(self, train, valid, batches=batches, echo=echo)
 
     def predict(self, loader: Iterable[Any]) -> Any:
         """The model's outputs over `loader`, on the CPU, concatenated along the first
