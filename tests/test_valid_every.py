@@ -69,10 +69,17 @@ def test_points_are_written_beside_the_epoch_validation_and_recorded(tmp_path, l
             "iteration-6",
         ]
         for point in (3, 6):
-            rows = read_metric_log(run_dir / "valid" / f"epoch-{epoch}" / f"iteration-{point}" / "Loss.log")
+            rows = read_metric_log(
+                run_dir / "valid" / f"epoch-{epoch}" / f"iteration-{point}" / "Loss.log"
+            )
             assert [weight for _, weight in rows] == [32, 32, 26]  # the whole 90-sample loader
     saved = json.loads((run_dir / "history.json").read_text())
-    assert [(p["epoch"], p["iteration"]) for p in saved["points"]] == [(1, 3), (1, 6), (2, 3), (2, 6)]
+    assert [(p["epoch"], p["iteration"]) for p in saved["points"]] == [
+        (1, 3),
+        (1, 6),
+        (2, 3),
+        (2, 6),
+    ]
     history = RunHistory.load(run_dir / "history.json")
     assert [(e, i) for e, i, _ in history.points] == [(1, 3), (1, 6), (2, 3), (2, 6)]
     # the point's value is the weighted mean of its lines
@@ -89,7 +96,7 @@ def test_points_are_written_beside_the_epoch_validation_and_recorded(tmp_path, l
 def test_a_point_equals_the_end_of_epoch_validation_after_as_many_batches(tmp_path, loaders):
     """Independent reference: a run limited to 3 batches validates at its epoch end on
     the weights a point at iteration 3 sees."""
-    learner, _ = fit(tmp_path / "points", loaders, every=3, epochs=1)
+    fit(tmp_path / "points", loaders, every=3, epochs=1)
     short, _ = fit(tmp_path / "short", loaders, epochs=1, limit=3)
     point = RunHistory.load(tmp_path / "points" / "history.json").points[0]
     assert point[:2] == (1, 3)
@@ -104,7 +111,11 @@ def test_points_leave_training_unchanged(tmp_path, loaders, one_thread):
     for (name, a), (_, b) in zip(with_points.state_dict().items(), without.state_dict().items()):
         assert torch.equal(a, b), name
     assert all(training for split, training, _ in with_points.seen if split == "train")
-    assert all(not training and inference for split, training, inference in with_points.seen if split == "valid")
+    assert all(
+        not training and inference
+        for split, training, inference in with_points.seen
+        if split == "valid"
+    )
 
 
 def test_early_stopping_counts_validation_points_and_stops_mid_epoch(tmp_path, loaders):
@@ -118,7 +129,9 @@ def test_early_stopping_counts_validation_points_and_stops_mid_epoch(tmp_path, l
         .build(Classifier(), AdamConfig().init(), 0.0)  # no learning: the loss never improves
     )
     learner.fit(*loaders)
-    assert learner.outcome.startswith("stopped early: valid Loss has not improved for 2 validations")
+    assert learner.outcome.startswith(
+        "stopped early: valid Loss has not improved for 2 validations"
+    )
     assert "at epoch 1, iteration 2)" in learner.outcome
     assert learner.exit_code == 0
     log = (tmp_path / "run" / "experiment.log").read_text()
@@ -178,9 +191,10 @@ def test_sigterm_mid_epoch_with_points_then_resume_equals_an_uninterrupted_run(t
     assert stopped.returncode == 143, stopped.stderr
     resumed = run(tmp_path / "resumed", "--resume", "--valid-every", "4")
     assert resumed.returncode == 0, resumed.stderr
-    assert "Resumed from the checkpoint of epoch 2, iteration" in (
-        tmp_path / "resumed" / "experiment.log"
-    ).read_text()
+    assert (
+        "Resumed from the checkpoint of epoch 2, iteration"
+        in (tmp_path / "resumed" / "experiment.log").read_text()
+    )
 
     a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
     for name in a:
