@@ -241,8 +241,8 @@ class BatchPlanner:
         total = self._length()
         if total is not None and skipped:
             total += start.iteration
-        if limit is not None and total is not None:
-            total = min(total, limit)
+        if limit is not None:  # a loader without length counts as long as the limit
+            total = limit if total is None else min(total, limit)
         shards = None
         if self.shard is not None:
             shards = ShardPlan(
