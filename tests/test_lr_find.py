@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -101,9 +102,9 @@ def test_a_fit_after_lr_find_is_the_fit_without_it(tmp_path, one_thread):
 def test_the_rates_rise_from_start_to_end():
     exp = rates(1e-6, 1.0, 7, "exp")
     assert exp[0] == 1e-6 and exp[-1] == pytest.approx(1.0)
-    assert all(b / a == pytest.approx(10.0) for a, b in zip(exp, exp[1:]))
+    assert all(b / a == pytest.approx(10.0) for a, b in itertools.pairwise(exp))
     linear = rates(0.1, 1.0, 10, "linear")
-    assert all(b - a == pytest.approx(0.1) for a, b in zip(linear, linear[1:]))
+    assert all(b - a == pytest.approx(0.1) for a, b in itertools.pairwise(linear))
 
 
 def test_the_suggestion_is_the_steepest_fall_before_the_lowest_loss():

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from ember_testing import BlobBatcher, BlobDataset, Classifier
+from test_checkpointer_plugin import StopAt
 
 import ember
 from ember.data import DataLoaderBuilder
@@ -14,7 +15,7 @@ from ember.errors import ConfigError
 from ember.lr import CosineAnnealingLrSchedulerConfig
 from ember.optim import AdamConfig
 from ember.record import DefaultRecorder
-from ember.train import LearnerBuilder, ProcessedItem, SmokeTestError
+from ember.train import LearnerBuilder, SmokeTestError
 from ember.train.logger import read_metric_log
 from ember.train.metric import AccuracyMetric, LossMetric
 from ember.train.renderer import PlainRenderer
@@ -101,16 +102,6 @@ def test_limited_batches_are_the_first_of_the_epoch_order(tmp_path, loaders, one
         assert torch.equal(a, b)
 
 
-class StopAt:
-    def __init__(self, interrupter, epoch, iteration):
-        self.interrupter, self.epoch, self.iteration = interrupter, epoch, iteration
-
-    def on_event(self, event):
-        if isinstance(event, ProcessedItem) and event.split == "train":
-            if (event.epoch, event.iteration) == (self.epoch, self.iteration):
-                self.interrupter.stop("test")
-
-
 def test_a_limited_run_stopped_mid_epoch_resumes_exactly(tmp_path, loaders, one_thread):
     def train(directory, stop=False, resume=False):
         ember.seed(2)
@@ -128,8 +119,9 @@ def test_a_limited_run_stopped_mid_epoch_resumes_exactly(tmp_path, loaders, one_
         return learner, learner.fit(*loaders)
 
     stopped, _ = train(tmp_path / "resumed", stop=True)
-    assert stopped.outcome == "stopped: test"
+    assert stopped.outcome == "stopped: test stop"
     resumed, model = train(tmp_path / "resumed", resume=True)
+    assert resumed.outcome == "completed"
     _, straight = train(tmp_path / "straight")
     for (name, a), (_, b) in zip(model.state_dict().items(), straight.state_dict().items()):
         assert torch.equal(a, b), name
@@ -137,14 +129,18 @@ def test_a_limited_run_stopped_mid_epoch_resumes_exactly(tmp_path, loaders, one_
 
 
 def test_a_count_works_on_a_loader_without_length(tmp_path, loaders):
-    learner = builder(tmp_path).limit_batches(train=2).build(Classifier(), AdamConfig().init(), 1e-2)
+    learner = (
+        builder(tmp_path).limit_batches(train=2).build(Classifier(), AdamConfig().init(), 1e-2)
+    )
     assert learner.steps(Unsized(loaders[0])) == (2, 2)  # a stream is as long as the limit
     learner.fit(Unsized(loaders[0]))
     assert lines(tmp_path / "train" / "epoch-1" / "Loss.log") == 2
 
 
 def test_a_fraction_of_a_loader_without_length_is_refused(tmp_path, loaders):
-    learner = builder(tmp_path).limit_batches(train=0.5).build(Classifier(), AdamConfig().init(), 1e-2)
+    learner = (
+        builder(tmp_path).limit_batches(train=0.5).build(Classifier(), AdamConfig().init(), 1e-2)
+    )
     with pytest.raises(ConfigError, match=r"has no len\(\)\. Give a number of batches"):
         learner.fit(Unsized(loaders[0]))
     assert not (tmp_path / "train").exists()
@@ -182,7 +178,9 @@ def learner_for(directory, **extra):
     )
 
 
-def test_the_smoke_test_exercises_the_run_and_changes_nothing(tmp_path, loaders, capsys, one_thread):
+def test_the_smoke_test_exercises_the_run_and_changes_nothing(
+    tmp_path, loaders, capsys, one_thread
+):
     ember.seed(4)
     learner = learner_for(tmp_path / "run")
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
@@ -241,8 +239,10 @@ def test_the_smoke_test_names_the_failing_part(tmp_path, loaders):
 
 
 def test_a_smoke_test_leaves_an_existing_run_as_it_was(tmp_path, loaders):
-    learner = builder(tmp_path).with_file_checkpointer(DefaultRecorder()).build(
-        Classifier(), AdamConfig().init(), 1e-2
+    learner = (
+        builder(tmp_path)
+        .with_file_checkpointer(DefaultRecorder())
+        .build(Classifier(), AdamConfig().init(), 1e-2)
     )
     learner.fit(*loaders)
     files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
