@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from ember_testing import Classifier
+from test_distributed import final
+from test_distributed import run as run_processes
 from test_resume_exact import final_weights, run, sigterm_midway
 
 import ember
@@ -210,3 +212,26 @@ def test_sigterm_mid_epoch_with_points_then_resume_equals_an_uninterrupted_run(t
             assert read_metric_log(tmp_path / "straight" / path) == read_metric_log(
                 tmp_path / "resumed" / path
             ), path
+
+
+@pytest.mark.slow
+def test_two_processes_validate_at_the_same_points_as_one(tmp_path):
+    """Each process validates its share; the point values cover the whole loader. With
+    a batch limit, every process takes the same number of steps."""
+    options = ("--valid-every", "2", "--limit-train", "5", "--epochs", "2")
+    one = run_processes(tmp_path / "one", "--processes", "1", "--batch", "32", *options)
+    two = run_processes(tmp_path / "two", "--processes", "2", "--batch", "16", *options)
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    a, b = (RunHistory.load(tmp_path / d / "history.json").points for d in ("one", "two"))
+    assert (
+        [(e, i) for e, i, _ in a] == [(e, i) for e, i, _ in b] == [(1, 2), (1, 4), (2, 2), (2, 4)]
+    )
+    for (_, _, x), (_, _, y) in zip(a, b):
+        for name, value in x["valid"].items():
+            assert y["valid"][name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    rows = read_metric_log(tmp_path / "two" / "valid" / "epoch-2" / "iteration-4" / "Loss.log")
+    assert sum(weight for _, weight in rows) == 61  # every validation sample, both ranks
+    assert len(read_metric_log(tmp_path / "two" / "train" / "epoch-1" / "Loss.log")) == 10
+    for name, value in final(tmp_path / "one").items():
+        torch.testing.assert_close(final(tmp_path / "two")[name], value, rtol=1e-5, atol=1e-6)

@@ -2,6 +2,7 @@
 
 Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-rank R]
     [--hang-rank R] [--slow SECONDS] [--events FILE] [--timeout SECONDS] [--resume]
+    [--valid-every N] [--limit-train N]
 Under torchrun, pass --processes 1: torchrun provides the processes.
 
 --fail-rank raises in the third training step of that rank, --hang-rank sleeps there
@@ -83,6 +84,8 @@ def main() -> None:
     parser.add_argument("--events", default=None)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--valid-every", type=int, default=None)
+    parser.add_argument("--limit-train", type=int, default=None)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -94,6 +97,10 @@ def main() -> None:
     builder = LearnerBuilder(args.dir)
     if args.resume:
         builder = builder.checkpoint("latest")
+    if args.valid_every is not None:
+        builder = builder.valid_every(args.valid_every)
+    if args.limit_train is not None:
+        builder = builder.limit_batches(train=args.limit_train)
     learner = (
         builder.metric_train_numeric(AccuracyMetric())
         .metric_train_numeric(LossMetric())
