@@ -61,6 +61,9 @@ def test_a_count_of_batches_per_epoch(tmp_path, loaders, quiet):
         assert lines(tmp_path / "valid" / f"epoch-{epoch}" / "Loss.log") == 1
     shown = quiet.stream_text.getvalue()
     assert "train epoch 2/2 done: 3 iterations, 96 items" in shown
+    first = (tmp_path / "experiment.log").read_text().splitlines()[0]
+    assert "train limited to 3 of the batches of each epoch" in first
+    assert "valid limited to 1 of the batches of each epoch" in first
     assert "valid epoch 2/2 done: 1 iterations, 32 items" in shown
 
 

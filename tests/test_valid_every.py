@@ -93,6 +93,8 @@ def test_points_are_written_beside_the_epoch_validation_and_recorded(tmp_path, l
     # the end-of-epoch values keep their meaning: the epochs of learner.history
     assert [epoch for epoch, _ in learner.history] == [1, 2]
     assert "valid epoch 1/2 at iteration 3: 3 iterations, 90 items" in quiet.stream_text.getvalue()
+    first = (run_dir / "experiment.log").read_text().splitlines()[0]
+    assert "validation every 3 optimizer steps" in first
 
 
 def test_a_point_equals_the_end_of_epoch_validation_after_as_many_batches(tmp_path, loaders):
