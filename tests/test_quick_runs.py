@@ -241,6 +241,32 @@ def test_the_smoke_test_names_the_failing_part(tmp_path, loaders):
         learner.smoke_test(*loaders, batches=0)
 
 
+class BrokenMetric(LossMetric):
+    def update(self, item, metadata):
+        raise ValueError("cannot read this")
+
+
+class NaNLoss(Classifier):
+    def train_step(self, batch):
+        output = super().train_step(batch)
+        output.loss = output.loss * float("nan")
+        return output
+
+
+def test_the_smoke_test_names_a_failing_metric_and_a_diverging_step(tmp_path, loaders):
+    learner = (
+        LearnerBuilder(tmp_path / "a")
+        .metric_valid(BrokenMetric())
+        .renderer(PlainRenderer(interval=3600))
+        .build(Classifier(), AdamConfig().init(), 1e-2)
+    )
+    with pytest.raises(SmokeTestError, match="Smoke test failed in a metric: .*cannot read this"):
+        learner.smoke_test(*loaders, echo=False)
+    learner = builder(tmp_path / "b").build(NaNLoss(), AdamConfig().init(), 1e-2)
+    with pytest.raises(SmokeTestError, match=r"failed in train_step \(the loss is not finite\)"):
+        learner.smoke_test(*loaders, echo=False)
+
+
 def test_a_smoke_test_leaves_an_existing_run_as_it_was(tmp_path, loaders):
     learner = (
         builder(tmp_path)

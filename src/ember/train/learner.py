@@ -141,8 +141,9 @@ class Learner:
     def steps(self, train: Iterable[Any]) -> tuple[int | None, int | None]:
         """`(steps_per_epoch, total_steps)` that `fit(train, ...)` will take: optimizer
         steps per epoch on the process with the most batches (under several processes
-        each takes its share of the batches) and over the whole run. What an "auto" step
-        count of a scheduler config is resolved from. None when the loader has no length."""
+        each takes its share of the batches) and over the whole run, under the batch
+        limit (`limit_batches`). What an "auto" step count of a scheduler config is
+        resolved from. None when the loader has no length (and no count limits it)."""
         world = world_size(self.devices)
         shard = (0, world) if world > 1 else None
         limit = self.options.limit_batches[0]

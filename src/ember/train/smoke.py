@@ -218,17 +218,33 @@ def _guarded(run: Any, part: str) -> None:
 
 
 def _failing_part(error: BaseException, part: str) -> str:
+    """The part of the run an error came from: the step its note names, else the
+    deepest ember package its traceback went through, else `part`."""
     notes = " ".join(getattr(error, "__notes__", []))
-    text = str(error)
     for step in ("train_step", "valid_step"):
         if f"raised by {step}" in notes:
             return step
-    if "metric" in text and ("fails on the first" in text or "metric '" in text):
+    if type(error).__name__ == "NonFiniteLoss":
+        return "train_step (the loss is not finite)"
+    text = str(error)
+    if text.startswith("Writing a checkpoint failed"):
+        return "the checkpoint write"
+    if " metric " in text and "fails on the first" in text:
         return "a metric"
-    if "checkpoint" in text.lower() or "record" in type(error).__name__.lower():
-        return "the checkpoint" + (" write" if part == "the short epoch" else " load")
-    if "train_step" in text:
-        return "train_step"
-    if "valid_step" in text:
-        return "valid_step"
-    return part
+    where = part
+    packages = (
+        ("/ember/train/metric/", "a metric"),
+        ("/ember/train/logger/", "the metric files"),
+        ("/ember/train/checkpoint/", "the checkpoint"),
+        ("/ember/record/", "the checkpoint"),
+    )
+    trace = error.__traceback__
+    while trace is not None:
+        file = trace.tb_frame.f_code.co_filename.replace("\\", "/")
+        for package, name in packages:
+            if package in file:
+                where = name
+        trace = trace.tb_next
+    if where == "the checkpoint":
+        return "the checkpoint " + ("write" if part == "the short epoch" else "load")
+    return where
