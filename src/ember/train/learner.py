@@ -43,7 +43,7 @@ from ember.train.renderer.silent import SilentRenderer
 from ember.train.signals import signal_handlers
 from ember.train.smoke import SmokeReport, smoke_test
 from ember.train.step import call_step, check_steps, check_train_output
-from ember.train.validation import ValidationPoints, counts_points, early_stop, validation_points
+from ember.train.validation import ValidationPoints, early_stop, stop_at_point
 
 log = logging.getLogger(__name__)
 EpochValues = dict[str, dict[str, float]]
@@ -476,10 +476,7 @@ class Learner:
             processor.renderer,
             self._emit,
         )
-        strategy = self.options.early_stopping
-        if strategy is None or not counts_points(strategy):
-            return False
-        why = strategy.should_stop_at_point(validation_points(self.run_history))  # type: ignore[attr-defined]
+        why = stop_at_point(self.options.early_stopping, self.run_history)
         if why is None:
             return False
         log.info("Early stopping at epoch %d, iteration %d: %s.", epoch, self.iteration, why)

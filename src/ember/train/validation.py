@@ -156,3 +156,11 @@ def early_stop(strategy: Any, history: RunHistory, points: bool) -> str | None:
     if points and counts_points(strategy):
         return strategy.should_stop_at_point(validation_points(history))  # type: ignore[no-any-return]
     return strategy.should_stop(history.entries())  # type: ignore[no-any-return]
+
+
+def stop_at_point(strategy: Any, history: RunHistory) -> str | None:
+    """After a validation point: the reason an early stopping strategy that counts
+    points gives to stop there, or None (no strategy, or one that judges epochs)."""
+    if strategy is None or not counts_points(strategy):
+        return None
+    return strategy.should_stop_at_point(validation_points(history))  # type: ignore[no-any-return]
