@@ -237,3 +237,23 @@ def test_two_processes_validate_at_the_same_points_as_one(tmp_path):
     assert len(read_metric_log(tmp_path / "two" / "train" / "epoch-1" / "Loss.log")) == 10
     for name, value in final(tmp_path / "one").items():
         torch.testing.assert_close(final(tmp_path / "two")[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_a_matrix_metric_saves_its_counts_at_each_point(tmp_path, loaders):
+    from ember.train.artifacts import read_matrix
+    from ember.train.metric import ConfusionMatrixMetric
+
+    ember.seed(3)
+    learner = (
+        LearnerBuilder(tmp_path)
+        .metric_valid(ConfusionMatrixMetric())
+        .renderer(PlainRenderer(interval=3600))
+        .valid_every(3)
+        .build(Classifier(), AdamConfig().init(), 1e-2)
+    )
+    learner.fit(*loaders)
+    _, counts = read_matrix(
+        tmp_path / "valid" / "epoch-1" / "iteration-3" / "Confusion_Matrix.json"
+    )
+    assert sum(map(sum, counts)) == 90  # every validation sample, once
+    assert (tmp_path / "valid" / "epoch-1" / "Confusion_Matrix.json").exists()  # the epoch's

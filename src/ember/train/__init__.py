@@ -23,9 +23,11 @@ from ember.train.learner import Learner
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.output import (
     ClassificationOutput,
+    ImageOutput,
     MultiLabelClassificationOutput,
     RegressionOutput,
     SequenceOutput,
+    TextOutput,
 )
 from ember.train.smoke import SmokeReport, SmokeTestError
 from ember.train.step import TrainOutput, TrainStep, ValidStep
@@ -38,6 +40,7 @@ __all__ = [
     "EvaluationInterrupted",
     "Evaluator",
     "EvaluatorBuilder",
+    "ImageOutput",
     "Interrupter",
     "KeepLastNCheckpoints",
     "Learner",
@@ -55,6 +58,7 @@ __all__ = [
     "Start",
     "StartEpoch",
     "StartSplit",
+    "TextOutput",
     "TrainOutput",
     "TrainStep",
     "ValidPoint",

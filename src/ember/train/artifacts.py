@@ -7,10 +7,12 @@ ARTIFACT_DIR/
 ├── .lock                       the run using the directory (host, pid, start time, boot id)
 ├── checkpoint/                 the file checkpointer's records
 ├── train/epoch-N/<Metric>.log  one "value,weight" line per iteration
+├── train/epoch-N/<Metric>.json the epoch's count matrix of a matrix metric (confusion matrix)
 ├── valid/epoch-N/<Metric>.log  the end-of-epoch validation
 ├── valid/epoch-N/iteration-K/<Metric>.log
 │                               a validation inside epoch N, after K training batches
-│                               (`valid_every`), one line per validation batch
+│                               (`valid_every`), one line per validation batch (and
+│                               a matrix metric's `<Metric>.json`)
 └── lr-find.json                the learning-rate range test's curve (`lr_find`)
 ```
 
@@ -19,6 +21,7 @@ Everything else asks this module for a path or a parsed line; nothing builds one
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -38,11 +41,14 @@ __all__ = [
     "format_line",
     "format_value",
     "format_weight",
+    "matrix_file_name",
     "metric_file_name",
     "metric_log_path",
     "metric_stem",
+    "read_matrix",
     "read_metric_log",
     "weighted_mean",
+    "write_matrix",
 ]
 
 SPLITS = ("train", "valid")
@@ -119,6 +125,43 @@ def read_metric_log(path: str | os.PathLike[str]) -> list[tuple[float, float]]:
 
 
 # Checkpoint files -------------------------------------------------------------------
+MATRIX_FORMAT = "ember-matrix"
+
+
+def matrix_file_name(name: str) -> str:
+    """A matrix metric's file name: its log file's stem with `.json`."""
+    return f"{metric_stem(name)}.json"
+
+
+def write_matrix(path: str | os.PathLike[str], name: str, counts: list[list[int]]) -> Path:
+    """Save a count matrix (rows: targets, columns: predictions) atomically, as
+    {"format": "ember-matrix", "version": 1, "name": ..., "counts": [[...], ...]}."""
+    from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"format": MATRIX_FORMAT, "version": 1, "name": name, "counts": counts}
+    atomic_write_bytes(path, (json.dumps(record) + "\n").encode("utf-8"))
+    return path
+
+
+def read_matrix(path: str | os.PathLike[str]) -> tuple[str, list[list[int]]] | None:
+    """A saved matrix file as `(metric name, counts)`; None when the file is not one
+    (another tool's JSON) and an `EmberError` naming the file when it is damaged."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise EmberError(f"{path}: cannot read the matrix file: {error}.") from None
+    if not isinstance(record, dict) or record.get("format") != MATRIX_FORMAT:
+        return None
+    counts, name = record.get("counts"), record.get("name")
+    if not isinstance(counts, list) or not isinstance(name, str):
+        raise EmberError(f"{path}: a matrix file needs a name and a list of count rows.")
+    if not all(isinstance(row, list) and len(row) == len(counts) for row in counts):
+        raise EmberError(f"{path}: a matrix file's counts must be square.")
+    return name, [[int(cell) for cell in row] for row in counts]
+
+
 def checkpoint_path(
     directory: str | os.PathLike[str], part: str, epoch: int, extension: str
 ) -> Path:
@@ -177,6 +220,10 @@ class Artifacts:
     def point_log(self, epoch: int, iteration: int, name: str) -> Path:
         """`valid/epoch-N/iteration-K/<Metric>.log`: one `value,weight` line per batch."""
         return self.point_dir(epoch, iteration) / metric_file_name(name)
+
+    def point_matrix_file(self, epoch: int, iteration: int, name: str) -> Path:
+        """`valid/epoch-N/iteration-K/<Metric>.json`: a matrix metric's counts at a point."""
+        return self.point_dir(epoch, iteration) / matrix_file_name(name)
 
     def point_dirs(self, epoch: int) -> dict[int, Path]:
         """The `iteration-K` folders of epoch N's validation, by K."""
@@ -244,6 +291,22 @@ class Artifacts:
         for epoch, folder in sorted(self.epoch_dirs(split).items()):
             for path in sorted(folder.glob("*.log")):
                 yield epoch, path.stem, path
+
+    def matrix_file(self, split: str, epoch: int, name: str) -> Path:
+        """`<split>/epoch-N/<Metric>.json`: a matrix metric's counts for one epoch."""
+        return self.epoch_dir(split, epoch) / matrix_file_name(name)
+
+    def write_matrix(self, split: str, epoch: int, name: str, counts: list[list[int]]) -> Path:
+        """Save an epoch's count matrix (rows: targets, columns: predictions), atomically."""
+        return write_matrix(self.matrix_file(split, epoch, name), name, counts)
+
+    def matrices(self, split: str) -> Iterator[tuple[int, str, list[list[int]]]]:
+        """`(epoch, metric name, counts)` of every saved matrix of a split, oldest first."""
+        for epoch, folder in sorted(self.epoch_dirs(split).items()):
+            for path in sorted(folder.glob("*.json")):
+                found = read_matrix(path)
+                if found is not None:
+                    yield epoch, found[0], found[1]
 
     # Preparing a run ---------------------------------------------------------------
     def check_writable(self) -> None:

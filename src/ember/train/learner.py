@@ -400,7 +400,7 @@ class Learner:
         if stop and self.iteration != plan.total:
             processor.flush(dist)  # the logs hold every finished iteration
             return None
-        return processor.end_split(dist)
+        return self._end_split(processor, "train", epoch)
 
     def _run_step(
         self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
@@ -500,9 +500,18 @@ class Learner:
                     processor.update(item, iteration, batch_size(batch), None)
                     if self.listeners:
                         self._emit(ProcessedItem("valid", epoch, iteration, plan.total, item, None))
-            return processor.end_split(self.dist)
+            return self._end_split(processor, "valid", epoch)
         finally:
             self.model.train()
+
+    def _end_split(self, processor: MetricsProcessor, split: str, epoch: int) -> dict[str, float]:
+        """The split's epoch values; rank 0 saves the epoch's count matrices (confusion
+        matrices) next to the metric logs."""
+        values = processor.end_split(self.dist)
+        if self.dist is None or self.dist.main:
+            for name, counts in processor.matrices.items():
+                self.artifacts.write_matrix(split, epoch, name, counts)
+        return values
 
     def _end_epoch(self, epoch: int, values: EpochValues) -> str | None:
         """Decide (a stop, early stopping), then checkpoint, then tell the listeners;

@@ -52,6 +52,10 @@ class MetricsProcessor:
         self._started = 0.0
         self._next_tick = 0.0
         self._restore: tuple[list[dict[str, Any]], Any] | None = None
+        self.matrices: dict[str, list[list[int]]] = {}
+        """The count matrices of the split that ended last (matrix metrics such as the
+        confusion matrix), by metric name; under several processes, rank 0's covers
+        every rank's samples."""
 
     def start_split(
         self, split: str, epoch: int, num_iterations: int | None, first_iteration: int = 1
@@ -195,12 +199,17 @@ class MetricsProcessor:
         result = []
         for split, states in self.states.items():
             for state in states:
+                matrix = None
                 if final is not None and split == self._split:
                     value = final.get(state.name)
+                    counts = self.matrices.get(state.name)
+                    matrix = None if counts is None else tuple(tuple(row) for row in counts)
                 else:
                     value = state.running
                 result.append(
-                    MetricView(split, state.name, state.unit, state.numeric, state.last, value)
+                    MetricView(
+                        split, state.name, state.unit, state.numeric, state.last, value, matrix
+                    )
                 )
         return result
 
@@ -328,10 +337,15 @@ class MetricsProcessor:
         if dist is not None:
             self._merge_epoch_states(dist)
         aggregates: dict[str, float] = {}
+        self.matrices = {}
         for state in self.states.get(self._split, ()):
             value = state.epoch_value()
             if value is not None:
                 aggregates[state.name] = value
+            matrix = getattr(state.metric, "matrix", None)
+            counts = matrix() if callable(matrix) else None
+            if counts is not None:
+                self.matrices[state.name] = counts.tolist()
         if dist is not None:
             aggregates = dist.broadcast(aggregates)
         for logger in self.loggers.get(self._split, ()):

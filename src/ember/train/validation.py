@@ -19,7 +19,7 @@ import torch
 
 from ember.data.device import to_device
 from ember.rng import capture_rng_state, restore_rng_state
-from ember.train.artifacts import Artifacts, format_line
+from ember.train.artifacts import Artifacts, format_line, write_matrix
 from ember.train.batches import BatchPlanner, Step, batch_size
 from ember.train.events import ValidPoint
 from ember.train.history import Points, RunHistory
@@ -120,6 +120,8 @@ class ValidationPoints:
             restore_rng_state(rng)
         self.history.add_point(epoch, iteration, {"valid": values})  # written by rank 0
         if main:
+            for name, counts in processor.matrices.items():  # confusion matrices
+                write_matrix(self.artifacts.point_matrix_file(epoch, iteration, name), name, counts)
             hook = getattr(renderer, "valid_point", None)
             if callable(hook):
                 hook(iteration, processor.progress(), processor.views(final=values))
