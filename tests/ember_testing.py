@@ -119,3 +119,17 @@ def load_example(path: Path, name: str) -> Any:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+class StopAt:
+    """A listener that stops a run gracefully after one training iteration of one epoch."""
+
+    def __init__(self, interrupter: Any, epoch: int, iteration: int) -> None:
+        self.interrupter, self.at = interrupter, (epoch, iteration)
+
+    def on_event(self, event: Any) -> None:
+        from ember.train import ProcessedItem
+
+        train = isinstance(event, ProcessedItem) and event.split == "train"
+        if train and (event.epoch, event.iteration) == self.at:
+            self.interrupter.stop("test stop")

@@ -13,6 +13,8 @@ HEAVY = [
     "safetensors",
     "plotext",
     "IPython",
+    "wandb",
+    "optuna",
     "psutil",
     "skimage",
     "sacrebleu",

@@ -4,6 +4,10 @@
 ARTIFACT_DIR/
 ├── experiment.log              human text (Python logging)
 ├── history.json                exact epoch values, checkpoint epochs, outcome (history.py)
+├── hparams.json                the run's hyperparameters, when given (run_record.py)
+├── sessions.json               when each `fit` of the run started and ended (run_record.py)
+├── wandb-run.json              the W&B run this run logs to, and its steps (wandb_logger.py)
+├── wandb/                      W&B's own files (offline runs), when a W&B logger is used
 ├── .lock                       the run using the directory (host, pid, start time, boot id)
 ├── checkpoint/                 the file checkpointer's records
 ├── train/epoch-N/<Metric>.log  one "value,weight" line per iteration
@@ -195,6 +199,26 @@ class Artifacts:
         return self.root / "history.json"
 
     @property
+    def hparams(self) -> Path:
+        """`hparams.json`: the hyperparameters given to `LearnerBuilder.hparams`."""
+        return self.root / "hparams.json"
+
+    @property
+    def sessions(self) -> Path:
+        """`sessions.json`: the start and end time of each `fit` of the run."""
+        return self.root / "sessions.json"
+
+    @property
+    def wandb_run(self) -> Path:
+        """`wandb-run.json`: the id of the W&B run a W&B logger writes to, and its steps."""
+        return self.root / "wandb-run.json"
+
+    @property
+    def wandb_dir(self) -> Path:
+        """Where W&B keeps its own files (it makes a `wandb/` folder in it)."""
+        return self.root
+
+    @property
     def lock(self) -> Path:
         return self.root / ".lock"
 
@@ -355,8 +379,14 @@ class Artifacts:
             if overwrite:  # a new run: nothing of an earlier one is kept (a failed one included)
                 for path in [*splits, checkpoints]:
                     shutil.rmtree(path, ignore_errors=True)
-                self.experiment_log.unlink(missing_ok=True)
-                self.history.unlink(missing_ok=True)
+                for file in (
+                    self.experiment_log,
+                    self.history,
+                    self.hparams,
+                    self.sessions,
+                    self.wandb_run,
+                ):
+                    file.unlink(missing_ok=True)
             return
         for split in SPLITS:
             for epoch, path in self.epoch_dirs(split).items():

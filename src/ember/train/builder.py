@@ -22,7 +22,7 @@ from ember.train.checkpoint.strategy import (
     MetricCheckpointingStrategy,
 )
 from ember.train.distributed import process_device
-from ember.train.early_stopping import EarlyStoppingStrategy
+from ember.train.early_stopping import EarlyStoppingStrategy, PruningStrategy
 from ember.train.events import Listener
 from ember.train.interrupter import Interrupter
 from ember.train.logger.base import MetricLogger
@@ -78,6 +78,8 @@ class LearnerBuilder:
         self._compile: dict[str, Any] | None = None
         self._resume_hyperparameters = "checkpoint"
         self._monitor: tuple[str, str] | None = None
+        self._hparams: dict[str, Any] | None = None
+        self._pruning: PruningStrategy | None = None
         self._valid_every: int | None = None
         self._limits: dict[str, int | float | None] = {"train": None, "valid": None}
 
@@ -140,6 +142,17 @@ class LearnerBuilder:
     def summary(self) -> LearnerBuilder:
         """Print (and log) a table of each metric's min and max epoch values at the end."""
         self._summary = True
+        return self
+
+    def hparams(self, hparams: Any) -> LearnerBuilder:
+        """The run's hyperparameters: a dict, a dataclass or a pydantic model (an ember
+        `Config`). They are recorded once per `fit`: in `hparams.json` and
+        `experiment.log`, and by the metric loggers that keep them (TensorBoard's
+        HPARAMS table, MLflow params, W&B config). Values must be JSON values (paths
+        and enums are converted); anything else is refused here, naming its key."""
+        from ember.train.run_record import to_hparams
+
+        self._hparams = to_hparams(hparams)
         return self
 
     def listener(self, listener: Any) -> LearnerBuilder:
@@ -301,6 +314,15 @@ class LearnerBuilder:
         self._early_stopping = strategy
         return self
 
+    def pruning(self, strategy: Any) -> LearnerBuilder:
+        """Let a hyperparameter search prune this run: at each epoch end (after early
+        stopping is asked) `strategy.should_prune(history)` may end the run, after that
+        epoch's checkpoint, with the outcome "pruned: <why>" (see
+        `ember.integrations.optuna.OptunaPruning`)."""
+        check_plugin(strategy, PruningStrategy, "a pruning strategy")
+        self._pruning = strategy
+        return self
+
     def interrupter(self) -> Interrupter:
         """The handle that stops this run gracefully (`stop(message)`)."""
         return self._interrupter
@@ -373,6 +395,8 @@ class LearnerBuilder:
             nonfinite_loss=self._nonfinite,
             compile=self._compile,
             resume_hyperparameters=self._resume_hyperparameters,
+            hparams=self._hparams,
+            pruning=self._pruning,
             valid_every=self._valid_every,
             limit_batches=(self._limits["train"], self._limits["valid"]),
         )

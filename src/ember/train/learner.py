@@ -40,6 +40,7 @@ from ember.train.position import Position
 from ember.train.preflight import check_not_empty, check_validation
 from ember.train.processor import MetricsProcessor
 from ember.train.renderer.silent import SilentRenderer
+from ember.train.run_record import end_session, record_start
 from ember.train.signals import signal_handlers
 from ember.train.smoke import SmokeReport, smoke_test
 from ember.train.step import call_step, check_steps, check_train_output
@@ -121,7 +122,8 @@ class Learner:
         self.total_steps: int | None = None
         """Optimizer steps of the whole run (`steps_per_epoch * num_epochs`)."""
         self.outcome: str | None = None
-        """After `fit`: "completed", "stopped: <why>" or "stopped early: <why>"; "failed" or
+        """After `fit`: "completed", "stopped: <why>", "stopped early: <why>" or "pruned:
+        <why>" (`LearnerBuilder.pruning`); "failed" or
         "interrupted" (a second Ctrl-C) when `fit` raised."""
 
     @property
@@ -281,11 +283,15 @@ class Learner:
         if dist is not None:
             self._prepare_processes(dist, processor, run.train, run.valid)
         processes = dist.world if dist is not None else 1
+        hparams, directory = self.options.hparams, str(self.artifact_dir)
         start_loggers(
-            run.loggers, RunStart(start.epoch, start.iteration, not start.fresh, processes)
+            run.loggers,
+            RunStart(start.epoch, start.iteration, not start.fresh, processes, hparams, directory),
         )
         info = run_info(self, start)
         log.info("%s", describe_run(self, info))
+        if run.main:
+            record_start(self.artifacts, start.epoch, not start.fresh, hparams)
         self.run_history.describe_model(info.model_name, info.num_parameters)
         if start.epoch > self.num_epochs:
             self.epoch = start.epoch - 1
@@ -426,6 +432,10 @@ class Learner:
                     hint = summed_loss_hint(output.item)
                     if hint is not None:
                         log.warning("%s", hint)
+                    if guard.policy == "stop":  # the loss metric's values stand guard
+                        guard.covered = processor.watch_loss(
+                            output.item, output.loss, guard.nonfinite
+                        )
                 ok = guard.check(output.loss, epoch, iteration)
                 finite = ok and finite
                 optim.backward(output.loss, step.shares[index])
@@ -533,10 +543,23 @@ class Learner:
             if why is not None:
                 log.info("Early stopping after epoch %d: %s.", epoch, why)
                 reason = f"stopped early: {why}"
+        if reason is None and self.options.pruning is not None:
+            reason = self._pruned(epoch)
         position = Position(epoch, self.iteration, self.items, True)
         self.checkpoints.save(position, self.model, self.optim, self.dist)
         self._emit(EndEpoch(epoch, values))
         return reason
+
+    def _pruned(self, epoch: int) -> str | None:
+        """Ask the pruning strategy (on rank 0, which holds the trial) whether to prune."""
+        pruning, dist = self.options.pruning, self.dist
+        why = pruning.should_prune(self.history) if pruning and (not dist or dist.main) else None
+        if dist is not None and dist.any(why is not None):
+            why = why or "pruned on rank 0"
+        if why is None:
+            return None
+        log.info("Pruned after epoch %d: %s.", epoch, why)
+        return f"pruned: {why}"
 
     def _start_split(self, split: str, epoch: int, first: int = 1) -> None:
         """Tell the model (`on_split_start`, if it has one) and the listeners. A split
@@ -641,6 +664,7 @@ class Learner:
     def _finish(self, reason: str) -> None:
         if self.run_history.path is not None:
             self.run_history.finish(reason)
+            end_session(self.artifacts, reason)
 
     def _emit(self, event: Any) -> None:
         for listener in self.listeners:

@@ -10,7 +10,7 @@ import torch
 
 from ember.train.checkpoint.base import Checkpointer
 from ember.train.checkpoint.strategy import CheckpointingStrategy
-from ember.train.early_stopping import EarlyStoppingStrategy
+from ember.train.early_stopping import EarlyStoppingStrategy, PruningStrategy
 from ember.train.events import Listener
 from ember.train.interrupter import Interrupter
 from ember.train.logger.base import MetricLogger
@@ -54,6 +54,10 @@ class LearnerOptions:
     """On resume, whose optimizer hyperparameters win: "checkpoint" or "new"."""
     compile: Mapping[str, Any] | None = None
     """The `torch.compile` options the model was compiled with, or None."""
+    hparams: Mapping[str, Any] | None = None
+    """The run's hyperparameters (`LearnerBuilder.hparams`), JSON-ready; None if not given."""
+    pruning: PruningStrategy | None = None
+    """What may prune the run at an epoch end (`LearnerBuilder.pruning`), or None."""
     valid_every: int | None = None
     """Validate inside each epoch every this many optimizer steps (None: at epoch ends only)."""
     limit_batches: tuple[int | float | None, int | float | None] = (None, None)

@@ -7,7 +7,7 @@ recorder and loaded back through `checkpoint("latest")`, and the validation insi
 the epoch when the run has `valid_every`. The model's weights and buffers, its
 gradients and mode, the optimizer, the learning-rate schedule, the gradient scaler and
 every random generator are put back as they were, and the run's own artifact
-directory, loggers, listeners and renderer are never touched.
+directory, loggers, listeners, renderer and pruning strategy are never touched.
 """
 
 from __future__ import annotations
@@ -162,6 +162,7 @@ def _run(
             strategy=options.strategy or KeepLastNCheckpoints(1),
             resume_from="latest" if resume else None,
             summary=False,
+            pruning=None,  # a trial must not hear of the smoke test
             valid_every=1 if options.valid_every is not None and valid is not None else None,
             limit_batches=(batches, batches),
         )

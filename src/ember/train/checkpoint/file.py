@@ -16,7 +16,7 @@ from ember.errors import TrainingError
 from ember.train.artifacts import checkpoint_epochs, checkpoint_path
 from ember.train.checkpoint.base import PARTS
 from ember.train.checkpoint.strategy import CheckpointingStrategy, apply_retention
-from ember.train.checkpoint.writer import AsyncWriter, snapshot
+from ember.train.checkpoint.writer import AsyncWriter, Snapshots
 from ember.train.history import History
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ class FileCheckpointer:
         self.extension: str = recorder.file_extension
         self.strategy = strategy
         self._writer = AsyncWriter() if asynchronous else None
+        self._snapshots = Snapshots()
 
     def path(self, part: str, epoch: int) -> Path:
         return checkpoint_path(self.directory, part, epoch, self.extension)
@@ -53,12 +54,18 @@ class FileCheckpointer:
         history: History = (),
         on_saved: Callable[[list[str]], None] | None = None,
     ) -> None:
-        """Snapshot the parts now; encode, write and apply retention in the background."""
+        """Snapshot the parts now; encode, write and apply retention in the background.
+
+        The snapshot waits for the previous write first (its host buffers are reused),
+        then for the copies of all three parts at once: one wait on an accelerator."""
+        self.wait()
+        take = self._snapshots.take
         parts = [
-            ("model", snapshot(model.state_dict()), "module"),
-            ("optim", snapshot(optimizer.state_dict()), "optimizer"),
-            ("scheduler", snapshot(state), "state"),
+            ("model", take("model", model.state_dict()), "module"),
+            ("optim", take("optim", optimizer.state_dict()), "optimizer"),
+            ("scheduler", take("scheduler", state), "state"),
         ]
+        self._snapshots.wait()
         history = list(history)
 
         def job() -> None:
