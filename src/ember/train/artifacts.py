@@ -173,6 +173,25 @@ def checkpoint_path(
     return Path(directory) / f"{part}-{epoch}.{extension}"
 
 
+def checkpoint_shard_path(
+    directory: str | os.PathLike[str], part: str, epoch: int, rank: int, extension: str
+) -> Path:
+    """`directory/<part>-<epoch>.rank-<rank>.<extension>`: one process's shard of a part
+    of a sharded checkpoint, e.g. `checkpoint/model-3.rank-1.mpk`."""
+    return Path(directory) / f"{part}-{epoch}.rank-{rank}.{extension}"
+
+
+def checkpoint_shards(
+    directory: str | os.PathLike[str], part: str, epoch: int, extension: str
+) -> list[Path]:
+    """Every shard file of a part of a checkpoint in `directory`."""
+    pattern = re.compile(rf"^{re.escape(part)}-{epoch}\.rank-\d+\.{re.escape(extension)}$")
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    return sorted(entry for entry in root.iterdir() if pattern.match(entry.name))
+
+
 def checkpoint_epochs(directory: str | os.PathLike[str], part: str, extension: str) -> list[int]:
     """The epochs that have a `part` file in `directory`, oldest first."""
     pattern = re.compile(rf"^{re.escape(part)}-(\d+)\.{re.escape(extension)}$")

@@ -21,7 +21,7 @@ from ember.train.checkpoint.strategy import (
     KeepLastNCheckpoints,
     MetricCheckpointingStrategy,
 )
-from ember.train.distributed import process_device
+from ember.train.distributed import process_device, world_size
 from ember.train.early_stopping import EarlyStoppingStrategy, PruningStrategy
 from ember.train.events import Listener
 from ember.train.interrupter import Interrupter
@@ -29,6 +29,7 @@ from ember.train.logger.base import MetricLogger
 from ember.train.metric.base import Metric
 from ember.train.optimization import Optimization, check_mixed_precision
 from ember.train.options import LearnerOptions, RegisteredMetric
+from ember.train.parallel import FsdpOptions, choose
 from ember.train.plugins import check_plugin
 from ember.train.renderer.base import Renderer
 from ember.train.step import check_steps
@@ -63,6 +64,7 @@ class LearnerBuilder:
         self._num_epochs = 1
         self._devices: list[torch.device] | None = None
         self._timeout = 300.0
+        self._fsdp: FsdpOptions | None = None
         self._checkpoint: int | str | None = None
         self._interrupter = Interrupter()
         self._listeners: list[Listener] = []
@@ -192,12 +194,23 @@ class LearnerBuilder:
         return self
 
     def devices(
-        self, devices: Sequence[str | torch.device], *, timeout: float = 300.0
+        self,
+        devices: Sequence[str | torch.device],
+        *,
+        timeout: float = 300.0,
+        strategy: str | FsdpOptions = "ddp",
+        **fsdp: Any,
     ) -> LearnerBuilder:
         """The devices to train on, e.g. `["cpu"]`, `["cuda:0"]`, or several
         (`["cuda:0", "cuda:1"]`: one process per device on torch.distributed, started by
         ember; under torchrun each process joins by itself). `timeout` bounds how long a
-        process waits for the others in a collective."""
+        process waits for the others in a collective.
+
+        With several processes, `strategy` says how they share the model: "ddp" (each
+        holds a whole copy; the default) or "fsdp" (each holds a shard of the
+        parameters, gradients and optimizer state), with the options of `FsdpOptions`
+        as keywords (`devices([...], strategy="fsdp", mixed_precision="bf16")`) or
+        `strategy=FsdpOptions(...)`."""
         if isinstance(devices, (str, torch.device)):
             devices = [devices]
         if not devices:
@@ -210,6 +223,7 @@ class LearnerBuilder:
             raise ConfigError(f"devices(timeout=...) must be > 0 seconds, got {timeout!r}.")
         for device in parsed:
             _check_available(device)
+        self._fsdp = choose(strategy, fsdp, world_size(parsed))
         self._devices = parsed
         self._timeout = float(timeout)
         return self
@@ -344,11 +358,22 @@ class LearnerBuilder:
                 "itself and ask for compilation with LearnerBuilder.compile(**options)."
             )
         check_steps(model)
+        if self._fsdp is not None and self._mixed_precision == "fp16":
+            raise ConfigError(
+                "mixed_precision('fp16') needs a gradient scaler that FSDP's sharded gradients "
+                "do not support here: use mixed_precision('bf16'), or FSDP's own "
+                "devices(..., strategy='fsdp', mixed_precision='bf16')."
+            )
         placement = from_environment()
         if self._devices is None and placement is None:
             device = _model_device(model)
         else:
             device = process_device(self._devices, placement[2] if placement else 0)
+        if self._fsdp is not None and self._fsdp.cpu_offload and device.type == "cpu":
+            raise ConfigError(
+                "FSDP's cpu_offload=True keeps the shards of a model trained on GPUs in host "
+                "memory; this run trains on the CPU, where they are already. Drop cpu_offload."
+            )
         model.to(device)
         if self._compile is not None:
             model.compile(**self._compile)
@@ -370,12 +395,20 @@ class LearnerBuilder:
                 Artifacts(self._artifact_dir).checkpoints, self._recorder
             )
         self._check_resume(checkpointer)
+        sharded = self._fsdp is not None and self._fsdp.sharded_checkpoints
+        if sharded and checkpointer is not None and not isinstance(checkpointer, FileCheckpointer):
+            raise ConfigError(
+                "FSDP's sharded_checkpoints=True has each process write files of its own, "
+                f"which {type(checkpointer).__name__} cannot hold: use "
+                "with_file_checkpointer(recorder), or drop sharded_checkpoints."
+            )
         options = LearnerOptions(
             model=model,
             optimization=optimization,
             device=device,
             devices=tuple(self._devices) if self._devices is not None else None,
             distributed_timeout=self._timeout,
+            fsdp=self._fsdp,
             artifact_dir=self._artifact_dir,
             overwrite=self._overwrite,
             num_epochs=self._num_epochs,

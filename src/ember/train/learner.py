@@ -23,7 +23,7 @@ from ember.train.artifacts import Artifacts
 from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size
 from ember.train.checkpoint.policy import CheckpointPolicy, Resume
 from ember.train.describe import describe_run, run_info
-from ember.train.distributed import Distributed, join, no_sync, setup, world_size, wrap
+from ember.train.distributed import Distributed, setup, world_size
 from ember.train.evaluator import Evaluator
 from ember.train.events import End, EndEpoch, ProcessedItem, Start, StartEpoch, StartSplit
 from ember.train.guard import LossGuard
@@ -36,6 +36,7 @@ from ember.train.logger.file import FileMetricLogger
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.options import LearnerOptions
 from ember.train.output import summed_loss_hint
+from ember.train.parallel import evaluation, join, no_sync, parallelize
 from ember.train.position import Position
 from ember.train.preflight import check_not_empty, check_validation
 from ember.train.processor import MetricsProcessor
@@ -110,6 +111,7 @@ class Learner:
         self._early_stop: str | None = None
         self.dist: Distributed | None = None
         self._ddp: Any = None
+        self._whole: dict[str, Any] | None = None
         self._move = self.device.type != "cpu"  # batches from a DataLoader are on the CPU
         self.epoch = 0
         self.iteration = 0
@@ -227,6 +229,8 @@ class Learner:
             log.info("Training %s after epoch %d.", reason, self.epoch)
             if restore_best:
                 self.checkpoints.restore_best(self.model, self.dist)
+            if self.dist is not None and self.dist.sharding is not None:
+                self._whole = self.dist.sharding.gathered_model()  # before the group closes
             if self.options.summary and run.main:
                 self._print_summary()
         except BaseException as error:
@@ -258,6 +262,8 @@ class Learner:
         self.optim.lr.check_monitor(
             {split: [entry.name for entry in entries] for split, entries in self.metrics.items()}
         )
+        if dist is not None:  # the model as the processes share it, before it is restored
+            self._ddp = parallelize(self.model, self.optimizer, dist, self.options.fsdp)
         notes += [*resume.notes, *self.checkpoints.restore(resume, self.model, self.optim, dist)]
         if main:
             self.artifacts.prepare(resume.position.kept_epochs(), self.options.overwrite)
@@ -304,7 +310,13 @@ class Learner:
             )
         elif valid is not None and self.metrics.get("valid"):
             check_validation(
-                self.model, valid, processor, start.epoch, self.device, self.optim.autocast
+                self.model,
+                valid,
+                processor,
+                start.epoch,
+                self.device,
+                self.optim.autocast,
+                evaluation(self._ddp),
             )
         run.renderer.start(info)
         self._emit(Start(start.epoch, self.num_epochs, str(self.artifact_dir)))
@@ -485,6 +497,7 @@ class Learner:
             main,
             processor.renderer,
             self._emit,
+            evaluation(self._ddp),
         )
         why = stop_at_point(self.options.early_stopping, self.run_history)
         if why is None:
@@ -502,7 +515,7 @@ class Learner:
         self._start_split("valid", epoch)
         processor.start_split("valid", epoch, plan.total)
         try:
-            with torch.inference_mode(), self.optim.autocast():
+            with evaluation(self._ddp)(), self.optim.autocast():
                 for iteration, batch in enumerate(plan.batches(), start=1):
                     if self._move:
                         batch = to_device(batch, self.device)
@@ -611,13 +624,16 @@ class Learner:
         train: BatchPlanner,
         valid: BatchPlanner | None,
     ) -> None:
-        """Several processes: check that the loaders shard exactly, warn about metrics
-        that see one process's data, wrap the model in DDP."""
+        """Several processes: check that the loaders shard exactly (and evenly under
+        FSDP), warn about metrics that see one process's data."""
         train.check_shardable("training")
         if valid is not None:
             valid.check_shardable("validation")
         processor.warn_unmerged_metrics()
-        self._ddp = wrap(self.model, dist)
+        if self.options.fsdp is not None:
+            train.check_even("training")
+            if valid is not None:
+                valid.check_even("validation")
         dist.barrier()  # rank 0 has prepared the artifact directory
 
     def _resume_logs(
@@ -671,10 +687,25 @@ class Learner:
             listener.on_event(event)
 
     # After the run ---------------------------------------------------------------
+    def model_state_dict(self) -> dict[str, Any]:
+        """The trained model's whole state. Under FSDP, where each process holds a
+        shard, `fit` gathers it on rank 0 (on the CPU) before it ends, and the other
+        ranks get {}; otherwise it is the model's own `state_dict()`."""
+        if self._whole is not None:
+            return self._whole
+        return self.model.state_dict()
+
     def _evaluator(self) -> Evaluator:
         """An evaluator of the model with the learner's settings. It has an interrupter
         of its own: a stop that ended `fit` (and sets `exit_code`) does not stop it."""
         metrics = self.metrics.get("valid") or self.metrics.get("train") or ()
+        if self.options.fsdp is not None:
+            raise TrainingError(
+                "evaluate() and predict() need the whole model, and under FSDP each process "
+                "held a shard of it until fit() ended. Load the trained weights into a plain "
+                "model (model.load_state_dict(learner.model_state_dict()) on rank 0, or the "
+                "last checkpoint with recorder.load(model, path)) and use an Evaluator."
+            )
         return Evaluator(
             self.model,
             self.device,

@@ -16,6 +16,7 @@ from ember.train.interrupter import Interrupter
 from ember.train.logger.base import MetricLogger
 from ember.train.metric.base import RegisteredMetric
 from ember.train.optimization import Optimization
+from ember.train.parallel import FsdpOptions
 from ember.train.renderer.base import Renderer
 
 __all__ = ["LearnerOptions", "RegisteredMetric"]
@@ -58,6 +59,8 @@ class LearnerOptions:
     """The run's hyperparameters (`LearnerBuilder.hparams`), JSON-ready; None if not given."""
     pruning: PruningStrategy | None = None
     """What may prune the run at an epoch end (`LearnerBuilder.pruning`), or None."""
+    fsdp: FsdpOptions | None = None
+    """How the model is sharded over the processes (None: DDP, or one process)."""
     valid_every: int | None = None
     """Validate inside each epoch every this many optimizer steps (None: at epoch ends only)."""
     limit_batches: tuple[int | float | None, int | float | None] = (None, None)

@@ -153,6 +153,7 @@ def _run(
             artifact_dir=artifacts.root,
             overwrite=False,
             devices=None,
+            fsdp=None,  # one process: nothing to shard
             num_epochs=1,
             renderer=SilentRenderer(),
             loggers={split: () for split in options.loggers},

@@ -96,9 +96,11 @@ class ValidationPoints:
         main: bool,
         renderer: Any,
         emit: Callable[[Any], None],
+        evaluation: Callable[[], Any] = torch.inference_mode,
     ) -> dict[str, float]:
-        """Validate on the whole loader after `iteration` training batches of `epoch`;
-        returns the point's values (every process gets rank 0's)."""
+        """Validate on the whole loader after `iteration` training batches of `epoch`,
+        under `evaluation` (inference mode; no_grad for a sharded model); returns the
+        point's values (every process gets rank 0's)."""
         rng = capture_rng_state()
         training = model.training
         loggers = {"valid": [PointLogger(self.artifacts, iteration)] if main else []}
@@ -108,7 +110,7 @@ class ValidationPoints:
         model.eval()
         processor.start_split("valid", epoch, plan.total)
         try:
-            with torch.inference_mode(), self.autocast():
+            with evaluation(), self.autocast():
                 for number, batch in enumerate(plan.batches(), start=1):
                     if move:
                         batch = to_device(batch, device)

@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ember.errors import TrainingError
-from ember.train.artifacts import checkpoint_epochs, checkpoint_path
+from ember.train.artifacts import (
+    checkpoint_epochs,
+    checkpoint_path,
+    checkpoint_shard_path,
+    checkpoint_shards,
+)
 from ember.train.checkpoint.base import PARTS
 from ember.train.checkpoint.strategy import CheckpointingStrategy, apply_retention
 from ember.train.checkpoint.writer import AsyncWriter, Snapshots
@@ -44,6 +49,40 @@ class FileCheckpointer:
 
     def path(self, part: str, epoch: int) -> Path:
         return checkpoint_path(self.directory, part, epoch, self.extension)
+
+    def shard_path(self, part: str, epoch: int, rank: int) -> Path:
+        """Where one process's shard of a part goes in a sharded checkpoint (FSDP)."""
+        return checkpoint_shard_path(self.directory, part, epoch, rank, self.extension)
+
+    def save_shard(self, epoch: int, rank: int, parts: dict[str, Any]) -> None:
+        """Write this process's shard of each part of `epoch` now (`parts`: part name to
+        state tree of tensors on the CPU). The checkpoint is complete once rank 0 has
+        written its other parts, after every shard."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for part, tree in parts.items():
+            self.recorder.save(tree, self.shard_path(part, epoch, rank), kind="state")
+
+    def drop_shards(self, epoch: int) -> None:
+        """Before `epoch` is written whole over a checkpoint written in shards: remove
+        its last part, then the shards, which the new checkpoint does not use."""
+        shards = [
+            shard
+            for part in ("model", "optim")
+            for shard in checkpoint_shards(self.directory, part, epoch, self.extension)
+        ]
+        if shards:
+            self.path("scheduler", epoch).unlink(missing_ok=True)
+            for shard in shards:
+                shard.unlink(missing_ok=True)
+
+    def load_shard(self, epoch: int, part: str, rank: int) -> Any:
+        path = self.shard_path(part, epoch, rank)
+        if not path.exists():
+            raise TrainingError(
+                f"The shard {path.name} of the checkpoint of epoch {epoch} is missing from "
+                f"{self.directory}: the checkpoint is incomplete. Resume from another epoch."
+            )
+        return self.recorder.load(None, path)
 
     def save(
         self,
@@ -133,6 +172,8 @@ class FileCheckpointer:
         """Remove every part of `epoch`, the scheduler part first (missing parts are fine)."""
         for part in ("scheduler", "model", "optim"):
             self.path(part, epoch).unlink(missing_ok=True)
+            for shard in checkpoint_shards(self.directory, part, epoch, self.extension):
+                shard.unlink(missing_ok=True)
 
 
 _RECORDERS = {
