@@ -217,12 +217,15 @@ def test_sigterm_mid_epoch_with_points_then_resume_equals_an_uninterrupted_run(t
 
 
 @pytest.mark.slow
-def test_two_processes_validate_at_the_same_points_as_one(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_validate_at_the_same_points_as_one(tmp_path, strategy):
     """Each process validates its share; the point values cover the whole loader. With
-    a batch limit, every process takes the same number of steps."""
-    options = ("--valid-every", "2", "--limit-train", "5", "--epochs", "2")
+    a batch limit, every process takes the same number of steps (as FSDP needs)."""
+    options = ("--valid-every", "2", "--limit-train", "5", "--epochs", "2", "--mlp")
     one = run_processes(tmp_path / "one", "--processes", "1", "--batch", "32", *options)
-    two = run_processes(tmp_path / "two", "--processes", "2", "--batch", "16", *options)
+    two = run_processes(
+        tmp_path / "two", "--processes", "2", "--batch", "16", "--strategy", strategy, *options
+    )
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     a, b = (RunHistory.load(tmp_path / d / "history.json").points for d in ("one", "two"))
