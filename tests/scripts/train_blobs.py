@@ -1,7 +1,7 @@
 """A small training run driven by tests in a subprocess (kills, signals, resume).
 
 Usage: python train_blobs.py DIR [--epochs N] [--resume] [--workers N] [--accumulation N]
-       [--sleep SECONDS] [--ready FILE]
+       [--sleep SECONDS] [--ready FILE] [--valid-every N]
 Writes the final weights to DIR/final.mpk when training completes.
 """
 
@@ -47,6 +47,7 @@ def main() -> int:
     parser.add_argument("--accumulation", type=int, default=1)
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--ready", default=None)
+    parser.add_argument("--valid-every", type=int, default=None)
     args = parser.parse_args()
 
     ember.seed(9)
@@ -87,6 +88,8 @@ def main() -> int:
                 .num_epochs(args.epochs)
                 .renderer(PlainRenderer(interval=3600))
             )
+    if args.valid_every is not None:
+        builder = builder.valid_every(args.valid_every)
     learner = builder.build(Slow(args.sleep, args.ready), AdamConfig().init(), 1e-2)
     model = learner.fit(train, valid)
     if learner.outcome == "completed":

@@ -4,10 +4,10 @@ hopeless or is no longer a number."""
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 
 from ember.errors import ConfigError
-from ember.train.history import History, Monitor
+from ember.train.history import History, Monitor, Points
 from ember.train.outcome import EarlyStop, EarlyStopRule
 
 
@@ -50,6 +50,11 @@ class MetricEarlyStoppingStrategy:
 
     The last two rules wait for the first `warmup_epochs` epochs; the first two do not.
     `should_stop` returns an `EarlyStop`: the reason in words, with the rule and values.
+
+    In a run that validates inside its epochs (`valid_every`), a validation strategy
+    counts validation points instead (`should_stop_at_point`): every validation, inside
+    an epoch or at its end, is one, the rules apply to each, and the run may stop in
+    the middle of an epoch.
     """
 
     def __init__(
@@ -98,26 +103,38 @@ class MetricEarlyStoppingStrategy:
         """`a` is strictly better than `b`."""
         return a < b if self.direction == "lowest" else a > b
 
-    def _best(self, history: History) -> tuple[int, float] | None:
-        """The first epoch whose value no later epoch beat by more than `min_delta`."""
-        best: tuple[int, float] | None = None
-        sign = 1.0 if self.direction == "lowest" else -1.0
-        for epoch, value in self.monitor.series(history):
-            if math.isinf(value):
-                continue
-            if best is None or sign * (best[1] - value) > self.min_delta:
-                best = (epoch, value)
-        return best
-
     def should_stop(self, history: History) -> EarlyStop | None:
         if not history:
             return None
         last, values = history[-1]
+        series = [(epoch, None, value) for epoch, value in self.monitor.series(history)]
+        return self._decide(last, None, values, series, "epochs")
+
+    def should_stop_at_point(self, points: Points) -> EarlyStop | None:
+        """The reason to stop after the last of `points` (every validation of the run,
+        see `ember.train.history.Points`), or None. Patience counts points."""
+        if self.split != "valid" or not points:
+            return None
+        epoch, iteration, values = points[-1]
+        series = self.monitor.point_series(points)
+        return self._decide(epoch, iteration, values, series, "validations")
+
+    def _decide(
+        self,
+        epoch: int,
+        iteration: int | None,
+        values: Any,
+        series: Sequence[tuple[int, int | None, float]],
+        unit: str,
+    ) -> EarlyStop | None:
+        """The rules on the last value (`values`, of `epoch` and, for a point inside an
+        epoch, `iteration`), with `series` every earlier non-NaN value in order."""
         value = values.get(self.split, {}).get(self.name)
-        if value is None:  # no value this epoch (no validation ran): nothing to decide on
+        if value is None:  # no value this time (no validation ran): nothing to decide on
             return None
         value = float(value)
         where = f"{self.split} {self.name}"
+        at = f"epoch {epoch}" if iteration is None else f"epoch {epoch}, iteration {iteration}"
 
         def stop(text: str, rule: EarlyStopRule, reference: float | None) -> EarlyStop:
             return EarlyStop(
@@ -125,13 +142,14 @@ class MetricEarlyStoppingStrategy:
                 rule,
                 split=self.split,
                 metric=self.name,
-                epoch=last,
+                epoch=epoch,
+                iteration=iteration,
                 value=value,
                 reference=reference,
             )
 
         if self.check_finite and not math.isfinite(value):
-            return stop(f"{where} is {value} at epoch {last}", EarlyStopRule.NON_FINITE, None)
+            return stop(f"{where} is {value} at {at}", EarlyStopRule.NON_FINITE, None)
         if not math.isfinite(value):
             return None
         good = self.stopping_threshold
@@ -139,19 +157,34 @@ class MetricEarlyStoppingStrategy:
             side = "<=" if self.direction == "lowest" else ">="
             text = f"{where} reached the stopping threshold: {value:.6g} {side} {good:.6g}"
             return stop(text, EarlyStopRule.STOPPING_THRESHOLD, good)
-        if last <= self.warmup:
+        if epoch <= self.warmup:
             return None
         bad = self.divergence_threshold
         if bad is not None and self._better(bad, value):
             side = ">" if self.direction == "lowest" else "<"
             text = f"{where} diverged past the divergence threshold: {value:.6g} {side} {bad:.6g}"
             return stop(text, EarlyStopRule.DIVERGENCE_THRESHOLD, bad)
-        best = self._best(history)
-        if best is not None and last - best[0] >= self.patience:
-            by = f" by more than {self.min_delta:g}" if self.min_delta else ""
-            text = (
-                f"{where} has not improved{by} for {last - best[0]} epochs "
-                f"(best {best[1]:.6g} at epoch {best[0]})"
+        # The best: the first value that no later one beat by more than min_delta.
+        sign = 1.0 if self.direction == "lowest" else -1.0
+        best: int | None = None
+        for index, (_, _, candidate) in enumerate(series):
+            if math.isinf(candidate):
+                continue
+            if best is None or sign * (series[best][2] - candidate) > self.min_delta:
+                best = index
+        if best is None:
+            return None
+        best_epoch, best_iteration, best_value = series[best]
+        # epochs count by their numbers, validation points one by one
+        since = epoch - best_epoch if unit == "epochs" else len(series) - 1 - best
+        if since < self.patience:
+            return None
+        if unit == "epochs":
+            place = f"epoch {best_epoch}"
+        else:
+            place = f"epoch {best_epoch}" + (
+                f", iteration {best_iteration}" if best_iteration is not None else " end"
             )
-            return stop(text, EarlyStopRule.NO_IMPROVEMENT, best[1])
-        return None
+        by = f" by more than {self.min_delta:g}" if self.min_delta else ""
+        text = f"{where} has not improved{by} for {since} {unit} (best {best_value:.6g} at {place})"
+        return stop(text, EarlyStopRule.NO_IMPROVEMENT, best_value)

@@ -56,6 +56,8 @@ class EarlyStop(str):
     """The monitored split ("train", "valid"); `split` stays the str method."""
     metric: str | None
     epoch: int | None
+    iteration: int | None
+    """The training batches done in `epoch` for a validation inside it; None at its end."""
     value: float | None
     reference: float | None
 
@@ -67,12 +69,14 @@ class EarlyStop(str):
         split: str | None = None,
         metric: str | None = None,
         epoch: int | None = None,
+        iteration: int | None = None,
         value: float | None = None,
         reference: float | None = None,
     ) -> EarlyStop:
         decision = super().__new__(cls, text)
         decision.rule = EarlyStopRule(rule)
         decision.split_name, decision.metric, decision.epoch = split, metric, epoch
+        decision.iteration = iteration
         decision.value, decision.reference = value, reference
         return decision
 
@@ -157,6 +161,7 @@ class Outcome(str):
                 ("split", "split_name"),
                 ("metric", "metric"),
                 ("epoch", "epoch"),
+                ("iteration", "iteration"),
                 ("value", "value"),
                 ("reference", "reference"),
             ):
