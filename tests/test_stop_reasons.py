@@ -240,3 +240,25 @@ def test_a_pruned_run_has_its_reason(tmp_path, quiet, loaders):
     assert learner.outcome.reason is StopReason.PRUNED and learner.exit_code == 0
     saved = json.loads((tmp_path / "history.json").read_text())
     assert saved["stop_reason"] == {"reason": "pruned"}
+
+
+def test_the_rules_judge_validation_points_inside_epochs():
+    def points(values):
+        # two validations an epoch: after 5 batches, and at the epoch's end
+        return [
+            (1 + n // 2, 5 if n % 2 == 0 else None, {"valid": {"Loss": value}})
+            for n, value in enumerate(values)
+        ]
+
+    good = MetricEarlyStoppingStrategy("Loss", stopping_threshold=0.5)
+    decision = good.should_stop_at_point(points([2.0, 1.0, 0.4]))
+    assert decision.rule is EarlyStopRule.STOPPING_THRESHOLD
+    assert (decision.epoch, decision.iteration, decision.value) == (2, 5, 0.4)
+    assert good.should_stop_at_point(points([2.0, 1.0])) is None
+    patient = MetricEarlyStoppingStrategy("Loss", no_improvement_since=2, min_delta=0.05)
+    decision = patient.should_stop_at_point(points([1.0, 0.5, 0.48, 0.47]))
+    assert decision == (
+        "valid Loss has not improved by more than 0.05 for 2 validations (best 0.5 at epoch 1 end)"
+    )
+    nan = MetricEarlyStoppingStrategy("Loss").should_stop_at_point(points([1.0, math.nan]))
+    assert nan.rule is EarlyStopRule.NON_FINITE and nan == "valid Loss is nan at epoch 1"
