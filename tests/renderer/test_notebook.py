@@ -175,7 +175,7 @@ def test_no_output_carries_terminal_control_codes(executed):
 def test_the_artifact_directory_has_the_standard_layout(executed):
     root = executed.artifact_dir
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    expected = ["experiment.log", "history.json"] + [
+    expected = ["experiment.log", "history.json", "sessions.json"] + [
         f"{split}/epoch-{epoch}/{name}.log"
         for split in ("train", "valid")
         for epoch in range(1, 11)
