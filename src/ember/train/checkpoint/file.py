@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from ember.errors import TrainingError
 from ember.train.artifacts import checkpoint_epochs, checkpoint_path
 from ember.train.checkpoint.base import PARTS
@@ -56,7 +58,7 @@ class FileCheckpointer:
         """Snapshot the parts now; encode, write and apply retention in the background."""
         parts = [
             ("model", snapshot(model.state_dict()), "module"),
-            ("optim", snapshot(optimizer.state_dict()), "optimizer"),
+            ("optim", snapshot(optimizer.state_dict()), _optimizer_kind(optimizer)),
             ("scheduler", snapshot(state), "state"),
         ]
         history = list(history)
@@ -126,6 +128,11 @@ class FileCheckpointer:
         """Remove every part of `epoch`, the scheduler part first (missing parts are fine)."""
         for part in ("scheduler", "model", "optim"):
             self.path(part, epoch).unlink(missing_ok=True)
+
+
+def _optimizer_kind(optimizer: Any) -> str:
+    """A torch optimizer's record kind; several named optimizers are a "state"."""
+    return "optimizer" if isinstance(optimizer, torch.optim.Optimizer) else "state"
 
 
 _RECORDERS = {

@@ -4,6 +4,7 @@ from ember.train.metric.accuracy import AccuracyMetric
 from ember.train.metric.adapt import adapt
 from ember.train.metric.auroc import AurocMetric
 from ember.train.metric.base import Metric, MetricMetadata, MetricValue
+from ember.train.metric.grad_norm import GradNormMetric
 from ember.train.metric.hamming import HammingScoreMetric
 from ember.train.metric.inputs import (
     ClassificationInput,
@@ -30,6 +31,7 @@ __all__ = [
     "CpuUseMetric",
     "CudaMemoryMetric",
     "FBetaScoreMetric",
+    "GradNormMetric",
     "HammingScoreMetric",
     "IterationSpeedMetric",
     "LearningRateMetric",
