@@ -8,7 +8,6 @@ gradient is the gradient of the group's mean loss), then `step()`.
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import Any, ContextManager, Literal
 
 import torch
@@ -17,7 +16,6 @@ from ember.errors import ConfigError, TrainingError
 from ember.lr.base import LrDriver
 from ember.train.callbacks.base import Callbacks
 
-log = logging.getLogger(__name__)
 MixedPrecision = Literal["bf16", "fp16"]
 
 
@@ -138,19 +136,21 @@ class Optimization:
             state["callbacks"] = self.callbacks.state_dict()
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> list[str]:
+        """Restore the schedules, the scaler and the callbacks; return what a user should
+        read about the callbacks' states (missing, or not used)."""
         self.lr.load_state_dict(state["lr_scheduler"])
         if self.scaler is not None and "grad_scaler" in state:
             self.scaler.load_state_dict(state["grad_scaler"])
         saved = state.get("callbacks", {})
         if self.callbacks is not None:
-            self.callbacks.load_state_dict(saved)
-        elif saved:
-            log.warning(
-                "The checkpoint holds the state of callbacks (%s) that this run does not "
-                "register: that state is not used.",
-                ", ".join(saved),
-            )
+            return self.callbacks.load_state_dict(saved)
+        if saved:
+            return [
+                f"The checkpoint holds the state of callbacks ({', '.join(saved)}) that this "
+                "run does not register: that state is not used."
+            ]
+        return []
 
 
 def check_mixed_precision(value: Any) -> MixedPrecision | None:

@@ -14,14 +14,11 @@ The loop calls only the hooks a callback defines: a run without callbacks pays o
 from __future__ import annotations
 
 import difflib
-import logging
 from typing import Any, Mapping
 
 import torch
 
 from ember.errors import ConfigError
-
-log = logging.getLogger(__name__)
 
 HOOKS = (
     "on_fit_start",
@@ -190,8 +187,9 @@ class Callbacks:
             if callable(getattr(callback, "state_dict", None))
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Give each callback its saved state; say what is missing or left over."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> list[str]:
+        """Give each callback its saved state; return what is missing or left over."""
+        notes = []
         wanted = {
             key: callback
             for key, callback in zip(self.keys, self.callbacks)
@@ -201,18 +199,17 @@ class Callbacks:
             if key in state:
                 callback.load_state_dict(state[key])
             else:
-                log.warning(
-                    "The checkpoint holds no state of the callback %s (it was not registered "
-                    "when the checkpoint was written): it starts afresh.",
-                    key,
+                notes.append(
+                    f"The checkpoint holds no state of the callback {key} (it was not "
+                    "registered when the checkpoint was written): it starts afresh."
                 )
-        for key in state:
-            if key not in wanted:
-                log.warning(
-                    "The checkpoint holds the state of a callback %s, which this run does not "
-                    "register: that state is not used.",
-                    key,
-                )
+        unused = [key for key in state if key not in wanted]
+        if unused:
+            notes.append(
+                f"The checkpoint holds the state of callbacks ({', '.join(unused)}) that this "
+                "run does not register: that state is not used."
+            )
+        return notes
 
 
 def _state_keys(callbacks: list[Any]) -> list[str]:
