@@ -21,7 +21,8 @@ class GradNormMetric:
     One value per optimizer step, weight 1, so the epoch value is the mean over the
     epoch's steps. Under `grads_accumulation(n)` the batches that end no step log the
     last step's norm with weight 0 (they change no mean). With several optimizers
-    (custom optimization), name the one to measure: `GradNormMetric("disc")`.
+    (custom optimization), name the one to measure: `GradNormMetric("disc")`. Under
+    fp16, a step the gradient scaler skips (its gradient overflowed) shows `inf`.
     """
 
     unit = ""
