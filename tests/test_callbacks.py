@@ -356,3 +356,38 @@ def test_a_resumed_run_says_which_callback_state_it_does_not_use(tmp_path, loade
     again.build(Classifier(), AdamConfig(), 1e-2).fit(*loaders)
     log = (tmp_path / "experiment.log").read_text()
     assert "holds the state of callbacks (EMA) that this run does not register" in log
+
+
+def test_a_non_finite_loss_skips_the_steps_it_would_reach(tmp_path, quiet, capsys):
+    class Poisoned(TwoHeads):
+        """The head's loss is NaN at the second batch."""
+
+        def train_step(self, batch, ctx):
+            loss_body = F.cross_entropy(self.body(batch.inputs), batch.targets)
+            loss_head = F.cross_entropy(self.head(batch.inputs), batch.targets)
+            if ctx.iteration == 2:
+                loss_head = loss_head * float("nan")
+            ctx.backward(loss_body, "body")
+            ctx.backward(loss_head, "head")
+            ctx.step("body")
+            ctx.step("head")
+            self.after.append((self.body.weight.clone(), self.head.weight.clone()))
+            logits = self.body(batch.inputs).detach()
+            return TrainOutput(ClassificationOutput(loss_body.detach(), logits, batch.targets))
+
+    model = Poisoned()
+    model.after = []
+    loader = DataLoaderBuilder(BlobBatcher()).batch_size(32).build(BlobDataset(96))
+    learner = (
+        LearnerBuilder(tmp_path)
+        .renderer(quiet)
+        .nonfinite_loss("skip")
+        .build(model, optimizers(model), 0.1)
+    )
+    learner.fit(loader)
+    (body_1, head_1), (body_2, head_2), _ = model.after
+    assert torch.equal(head_1, head_2)  # the head's step was skipped
+    assert not torch.equal(body_1, body_2)  # the body's was not
+    assert "Skipped the step of the optimizer 'head' at epoch 1, iteration 2" in (
+        capsys.readouterr().err
+    )
