@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv data tmux demo test test-fast test-cuda check docs bench clean
+.PHONY: venv data tmux demo test test-fast test-cuda check docs bench bench-gpu clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,9 @@ docs: venv
 bench: venv
 	$(PY) -m pip install --quiet -r bench/requirements.txt
 	$(PY) bench/run.py --reps 5
+
+bench-gpu: venv
+	$(PY) bench/gpu.py --reps 3 $(ARGS)
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache .hypothesis

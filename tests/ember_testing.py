@@ -146,3 +146,17 @@ def sigterm_when(
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+class StopAt:
+    """A listener that stops a run gracefully after one training iteration of one epoch."""
+
+    def __init__(self, interrupter: Any, epoch: int, iteration: int) -> None:
+        self.interrupter, self.at = interrupter, (epoch, iteration)
+
+    def on_event(self, event: Any) -> None:
+        from ember.train import ProcessedItem
+
+        train = isinstance(event, ProcessedItem) and event.split == "train"
+        if train and (event.epoch, event.iteration) == self.at:
+            self.interrupter.stop("test stop")

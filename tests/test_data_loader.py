@@ -90,3 +90,41 @@ def test_empty_dataset_and_bad_options_fail_clearly():
         DataLoaderBuilder(ListBatcher()).build(Numbers(0))
     with pytest.raises(ValueError, match=r"batch_size must be a positive int, got 0"):
         DataLoaderBuilder().batch_size(0)
+
+
+def test_batches_for_a_cuda_device_are_pinned_and_copied_without_blocking(monkeypatch):
+    """On a machine without CUDA, a stand-in: torch says CUDA is available, and the
+    copy a learner makes records the options it is given."""
+    from torch.overrides import TorchFunctionMode
+
+    from ember.data import to_device
+    from ember.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    dataset = Numbers(8)
+    assert DataLoaderBuilder().device("cuda").build(dataset).pin_memory is True
+    assert DataLoaderBuilder().device("cuda:1").build(dataset).pin_memory is True
+    assert DataLoaderBuilder().build(dataset).pin_memory is True  # no device: CUDA is there
+    assert DataLoaderBuilder().device("cpu").build(dataset).pin_memory is False
+    assert DataLoaderBuilder().device("cuda").pin_memory(False).build(dataset).pin_memory is False
+
+    class Copies(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[dict] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.to:
+                self.seen.append(dict(kwargs or {}))
+            return func(*args, **(kwargs or {}))
+
+    with Copies() as copies:
+        to_device({"x": torch.ones(2), "y": [torch.zeros(1)]}, torch.device("cpu"))
+    assert [seen.get("non_blocking") for seen in copies.seen] == [True, True]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert DataLoaderBuilder().build(dataset).pin_memory is False
+    with pytest.raises(ConfigError, match=r"device\('cuda'\): CUDA is not available"):
+        DataLoaderBuilder().device("cuda")
+    with pytest.raises(ConfigError, match="device\\(\\): .*Pass e.g. 'cuda'"):
+        DataLoaderBuilder().device("gpu")

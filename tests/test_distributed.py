@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from ember_testing import run_script
 
@@ -73,7 +74,8 @@ def test_resume_with_a_different_number_of_processes(tmp_path):
         torch.testing.assert_close(final(tmp_path / "resumed")[name], value, rtol=1e-5, atol=1e-6)
 
 
-def test_two_torchrun_nodes_write_one_artifact_directory(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
+def test_two_torchrun_nodes_write_one_artifact_directory(tmp_path, strategy):
     import socket
 
     with socket.socket() as sock:
@@ -101,6 +103,8 @@ def test_two_torchrun_nodes_write_one_artifact_directory(tmp_path):
                 "1",
                 "--batch",
                 "16",
+                "--strategy",
+                strategy,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -121,6 +125,8 @@ def test_two_torchrun_nodes_write_one_artifact_directory(tmp_path):
     )
     assert files.count("experiment.log") == 1
     assert "train/epoch-3/Loss.log" in files and "final.mpk" in files
-    assert "2 processes (gloo)" in (tmp_path / "run" / "experiment.log").read_text()
+    log = (tmp_path / "run" / "experiment.log").read_text()
+    assert "2 processes (gloo)" in log
+    assert ("parameters sharded (FSDP" in log) == (strategy == "fsdp")
     lines = (tmp_path / "run" / "train" / "epoch-1" / "Loss.log").read_text().splitlines()
     assert sum(int(line.split(",")[1]) for line in lines) == 203  # both nodes' samples, once each

@@ -132,8 +132,10 @@ def start(tmp_path: Path, *args: str, torchrun: bool = False, processes: int = 2
 
 
 # 1. A failing rank -------------------------------------------------------------------
-def test_a_failing_rank_ends_the_run_in_seconds_and_is_reported_once(tmp_path):
-    run = start(tmp_path, "--fail-rank", "1", "--timeout", "60").finish(180)
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
+def test_a_failing_rank_ends_the_run_in_seconds_and_is_reported_once(tmp_path, strategy):
+    run = start(tmp_path, "--fail-rank", "1", "--timeout", "60", "--strategy", strategy)
+    run.finish(180)
     assert run.process.returncode == 1, run.stderr
     assert run.ended - run.event("fail") < 5
     named = "Rank 1 failed at epoch 1, iteration 3: RuntimeError: deliberate failure on rank 1"

@@ -43,6 +43,7 @@ def test_artifact_tree_matches_the_seed_layout(tmp_path, loaders, quiet):
     assert tree(tmp_path) == [
         "experiment.log",
         "history.json",
+        "sessions.json",
         "train/epoch-1/Accuracy.log",
         "train/epoch-1/Loss.log",
         "train/epoch-2/Accuracy.log",
@@ -224,7 +225,12 @@ def test_a_directory_holding_a_run_is_not_mixed_with_a_new_one(tmp_path, loaders
         )
     fresh = LearnerBuilder(tmp_path, overwrite=True).metric_train(LossMetric()).renderer(quiet)
     fresh.build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
-    assert tree(tmp_path) == ["experiment.log", "history.json", "train/epoch-1/Loss.log"]
+    assert tree(tmp_path) == [
+        "experiment.log",
+        "history.json",
+        "sessions.json",
+        "train/epoch-1/Loss.log",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,8 @@ __getattr__, __dir__, __all__ = attach(
     __name__,
     {
         "Config": "ember.config",
+        "compare": "ember.comparison",
+        "runs": "ember.comparison",
         "ConfigError": "ember.errors",
         "DatasetError": "ember.errors",
         "EmberError": "ember.errors",
@@ -21,6 +23,7 @@ __getattr__, __dir__, __all__ = attach(
 __all__ += ["__version__"]
 
 if TYPE_CHECKING:
+    from ember.comparison import compare, runs
     from ember.config import Config
     from ember.errors import ConfigError, DatasetError, EmberError, RecordError, TrainingError
     from ember.process import is_main_process

@@ -1,4 +1,5 @@
-"""The `ember` command: `ember summary DIR`, `ember plot DIR [-o OUT]`, `ember --version`."""
+"""The `ember` command: `ember summary DIR`, `ember plot DIR [-o OUT]`, `ember compare
+DIR... [-o OUT]`, `ember runs ROOT`, `ember --version`."""
 
 from __future__ import annotations
 
@@ -22,6 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     plot.add_argument(
         "-o", "--output-dir", default=None, help="where to write them (default: ARTIFACT_DIR/plots)"
     )
+    compare = commands.add_parser(
+        "compare", help="compare runs: a table, and with -o overlaid PNG charts per metric"
+    )
+    compare.add_argument("artifact_dirs", nargs="+", metavar="artifact_dir")
+    compare.add_argument(
+        "-o", "--output-dir", default=None, help="write one PNG per metric there (needs matplotlib)"
+    )
+    runs = commands.add_parser("runs", help="list the runs under a folder with their status")
+    runs.add_argument("root")
     args = parser.parse_args(argv)
     try:
         if args.command == "summary":
@@ -34,6 +44,21 @@ def main(argv: list[str] | None = None) -> int:
 
             for path in plot_run(args.artifact_dir, args.output_dir):
                 print(path)
+            return 0
+        if args.command == "compare":
+            from ember.comparison import compare as compare_runs
+
+            comparison = compare_runs(args.artifact_dirs)
+            print(comparison.table())
+            if args.output_dir is not None:
+                for path in comparison.plot(args.output_dir):
+                    print(path)
+            return 0
+        if args.command == "runs":
+            from ember.comparison import runs as find_runs
+            from ember.comparison import runs_table
+
+            print(runs_table(find_runs(args.root), args.root))
             return 0
     except EmberError as error:
         print(f"ember: {error}", file=sys.stderr)

@@ -2,7 +2,8 @@
 
 For every metric log name it writes `<Metric>-iterations.png` (every iteration across
 epochs, train and valid, smoothed when long) and `<Metric>-epochs.png` (train and
-valid epoch values). Needs matplotlib (`pip install ember[plot]`), imported only here.
+valid epoch values), and for each matrix metric (a confusion matrix)
+`<Metric>-<split>-matrix.png`, a heat map of its last epoch's counts. Needs matplotlib (`pip install ember[plot]`), imported only here.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ember.errors import EmberError
-from ember.train.artifacts import SPLITS, Artifacts, format_value, read_metric_log
-from ember.train.summary import epoch_values
+from ember.train.artifacts import SPLITS, Artifacts, format_value, metric_stem, read_metric_log
+from ember.train.summary import MatrixSummary, epoch_values, last_matrices
 
 COLOURS = {"train": "#1f77b4", "valid": "#ff7f0e"}
 SMOOTH_ABOVE = 60
@@ -191,6 +192,35 @@ def plot_epochs(metric: MetricLogs, path: Path) -> Path:
     return path
 
 
+def plot_matrix(matrix: MatrixSummary, path: Path) -> Path:
+    """A count matrix (a confusion matrix) as a heat map: target classes down,
+    predicted classes across, each cell labelled with its count."""
+    Figure, Canvas = _matplotlib()
+    counts = matrix.counts
+    size = len(counts)
+    side = min(12.0, 3.0 + 0.6 * size)
+    figure = Figure(figsize=(side + 1.2, side), layout="constrained")
+    ax = figure.subplots()
+    image = ax.imshow(counts, cmap="Blues", vmin=0)
+    figure.colorbar(image, ax=ax, label="samples")
+    high = max((max(row) for row in counts), default=0)
+    if size <= 30:  # labels stay legible
+        for row, values in enumerate(counts):
+            for column, cell in enumerate(values):
+                colour = "white" if high and cell > high / 2 else "black"
+                ax.text(column, row, str(cell), ha="center", va="center", color=colour, fontsize=9)
+    step = max(1, math.ceil(size / 30))
+    ax.set_xticks(range(0, size, step))
+    ax.set_yticks(range(0, size, step))
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("target class")
+    ax.set_title(
+        f"{matrix.name} ({matrix.split}, epoch {matrix.epoch})", fontsize=13, fontweight="bold"
+    )
+    _save(figure, Canvas, path)
+    return path
+
+
 def plot_run(
     artifact_dir: str | os.PathLike[str], output_dir: str | os.PathLike[str] | None = None
 ) -> list[Path]:
@@ -207,4 +237,7 @@ def plot_run(
     for metric in metrics:
         written.append(plot_iterations(metric, target / f"{metric.name}-iterations.png"))
         written.append(plot_epochs(metric, target / f"{metric.name}-epochs.png"))
+    for matrix in last_matrices(artifact_dir):
+        path = target / f"{metric_stem(matrix.name)}-{matrix.split}-matrix.png"
+        written.append(plot_matrix(matrix, path))
     return written

@@ -32,14 +32,6 @@ class RunConfig(ember.Config):
     model: ModelConfig = ModelConfig()
 
 
-@pytest.fixture
-def tracking_uri(tmp_path, monkeypatch) -> str:
-    """A file store under tmp_path (artifacts, if any, would go there too)."""
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    monkeypatch.chdir(tmp_path)
-    return (tmp_path / "mlruns").as_uri()
-
-
 def test_metric_keys_are_sanitized_for_mlflow():
     assert mlflow_key("valid/Accuracy (top-1)") == "valid/Accuracy _top-1_"
     assert mlflow_key("train/F1@k=5, macro") == "train/F1_k_5_ macro"

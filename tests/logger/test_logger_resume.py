@@ -108,13 +108,6 @@ def read_files(directory: Path) -> dict[str, list[tuple[float, float]]]:
     }
 
 
-@pytest.fixture
-def tracking_uri(tmp_path, monkeypatch) -> str:
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    monkeypatch.chdir(tmp_path)
-    return (tmp_path / "mlruns").as_uri()
-
-
 # What the stopped run did, and where the resumed run starts.
 STOPS = {
     # a kill in epoch 2 after its 4th iteration was logged: resume after epoch 1

@@ -124,3 +124,43 @@ def test_cuda_memory():
         assert isinstance(value, float) and value >= 0.0
     else:
         assert value == "unavailable"
+
+
+class _Sensors:
+    """A stand-in for psutil whose temperature sensors report `readings`."""
+
+    def __init__(self, readings):
+        from collections import namedtuple
+
+        entry = namedtuple("shwtemp", "label current high critical")
+        self.readings = {
+            name: [entry("", value, None, None) for value in values]
+            for name, values in readings.items()
+        }
+
+    def sensors_temperatures(self):
+        return self.readings
+
+
+def test_cpu_temperature_reads_the_hottest_cpu_sensor(monkeypatch):
+    sensors = _Sensors({"coretemp": [41.0, 57.5, 49.0], "nvme": [70.0]})
+    monkeypatch.setattr(system, "_psutil", lambda: sensors)
+    metric = system.CpuTemperatureMetric(interval=0)
+    assert (metric.name, metric.unit) == ("CPU Temperature", "°C")
+    assert metric.update(None, _meta()).resolve() == (57.5, 1.0)  # the disk is not the CPU
+    sensors.readings = _Sensors({"acpitz": [38.0]}).readings
+    assert metric.update(None, _meta()).value == 38.0
+
+
+@pytest.mark.parametrize(
+    "psutil", [None, _Sensors({}), type("NoSensors", (), {})()], ids=["absent", "empty", "none"]
+)
+def test_cpu_temperature_unavailable_is_a_value_not_an_error(monkeypatch, psutil):
+    monkeypatch.setattr(system, "_psutil", lambda: psutil)
+    metric = system.CpuTemperatureMetric()
+    assert metric.update(None, _meta()).value == "unavailable"
+
+
+def test_cpu_temperature_on_this_machine():
+    value = system.CpuTemperatureMetric().update(None, _meta()).value
+    assert value == "unavailable" or 0 < value < 130

@@ -2,7 +2,14 @@
 
 Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-rank R]
     [--hang-rank R] [--slow SECONDS] [--events FILE] [--timeout SECONDS] [--resume]
+    [--strategy ddp|fsdp] [--sharded-checkpoints] [--mlp] [--adam] [--accumulate K]
+    [--clip NORM] [--device cpu|cuda]
 Under torchrun, pass --processes 1: torchrun provides the processes.
+
+--strategy fsdp shards the model (each hidden block of --mlp is a unit of its own),
+--sharded-checkpoints has each process write its own shards;
+--mlp trains two hidden blocks instead of one linear layer, --adam uses Adam (whose
+state is sharded too), --accumulate and --clip set gradient accumulation and clipping.
 
 --fail-rank raises in the third training step of that rank, --hang-rank sleeps there
 for an hour; --slow sleeps in every step. --events appends "<what> <rank> <time>" lines
@@ -27,7 +34,7 @@ from torch import nn
 
 import ember
 from ember.data import DataLoaderBuilder
-from ember.optim import SgdConfig
+from ember.optim import AdamConfig, SgdConfig
 from ember.record import DefaultRecorder
 from ember.train import ClassificationOutput, LearnerBuilder, TrainOutput
 from ember.train.metric import AccuracyMetric, LossMetric
@@ -40,10 +47,22 @@ def note(events: str | None, what: str) -> None:
             handle.write(f"{what} {os.environ.get('RANK', '0')} {time.time()}\n")
 
 
+class Block(nn.Module):
+    def __init__(self, inputs: int, outputs: int):
+        super().__init__()
+        self.linear = nn.Linear(inputs, outputs)
+
+    def forward(self, x):
+        return torch.tanh(self.linear(x))
+
+
 class Linear(nn.Module):
     def __init__(self, args: argparse.Namespace):
         super().__init__()
-        self.layer = nn.Linear(8, 3)
+        if args.mlp:
+            self.layer: nn.Module = nn.Sequential(Block(8, 16), Block(16, 16), nn.Linear(16, 3))
+        else:
+            self.layer = nn.Linear(8, 3)
         self.args, self.steps = args, 0
 
     def forward(self, x):
@@ -83,6 +102,13 @@ def main() -> None:
     parser.add_argument("--events", default=None)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--strategy", default="ddp")
+    parser.add_argument("--mlp", action="store_true")
+    parser.add_argument("--adam", action="store_true")
+    parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--clip", type=float, default=None)
+    parser.add_argument("--sharded-checkpoints", action="store_true")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -92,6 +118,14 @@ def main() -> None:
     )
     valid = DataLoaderBuilder(BlobBatcher()).batch_size(args.batch).build(BlobDataset(61, seed=1))
     builder = LearnerBuilder(args.dir)
+    devices = ["cpu"] * args.processes
+    if args.device == "cuda":  # one GPU per process (under torchrun: cuda:LOCAL_RANK)
+        devices = [f"cuda:{i}" for i in range(args.processes)] if args.processes > 1 else ["cuda"]
+    strategy = {}
+    if args.strategy == "fsdp":
+        strategy = {"strategy": "fsdp", "modules": [Block]}
+        if args.sharded_checkpoints:
+            strategy["sharded_checkpoints"] = True
     if args.resume:
         builder = builder.checkpoint("latest")
     learner = (
@@ -100,14 +134,19 @@ def main() -> None:
         .metric_valid_numeric(AccuracyMetric())
         .metric_valid_numeric(LossMetric())
         .with_file_checkpointer(DefaultRecorder())
-        .devices(["cpu"] * args.processes, timeout=args.timeout)
+        .devices(devices, timeout=args.timeout, **strategy)
         .num_epochs(args.epochs)
+        .grads_accumulation(args.accumulate)
         .renderer(PlainRenderer(interval=3600))
-        .build(Linear(args), SgdConfig().init(), 0.5)
     )
-    model = learner.fit(train, valid)
+    if args.clip is not None:
+        learner = learner.grad_clipping(norm=args.clip)
+    optimizer = AdamConfig().init() if args.adam else SgdConfig().init()
+    learner = learner.build(Linear(args), optimizer, 0.01 if args.adam else 0.5)
+    learner.fit(train, valid)
+    state = learner.model_state_dict()  # gathered on rank 0 under FSDP
     if int(os.environ.get("RANK", "0")) == 0 and learner.outcome == "completed":
-        DefaultRecorder().save(model, Path(args.dir) / "final")
+        DefaultRecorder().save(state, Path(args.dir) / "final", kind="module")
     sys.exit(learner.exit_code)
 
 

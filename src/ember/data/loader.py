@@ -32,6 +32,7 @@ class DataLoaderBuilder:
         self._num_workers = 0
         self._drop_last = False
         self._pin_memory: bool | None = None
+        self._device: torch.device | None = None
         self._persistent_workers = True
         self._prefetch_factor: int | None = None
 
@@ -59,8 +60,26 @@ class DataLoaderBuilder:
         return self
 
     def pin_memory(self, pin: bool = True) -> DataLoaderBuilder:
-        """Pin host memory for faster copies to CUDA (default: on when CUDA is available)."""
+        """Pin host memory for faster copies to CUDA (default: on when the batches are
+        for a CUDA device, see `device()`; without `device()`, when CUDA is available)."""
         self._pin_memory = bool(pin)
+        return self
+
+    def device(self, device: str | torch.device) -> DataLoaderBuilder:
+        """The device the batches are trained on. For a CUDA device the loader builds
+        them in pinned host memory (unless `pin_memory(False)`), so that the learner's
+        copies to the device (always `non_blocking=True`) overlap with the work queued
+        on it; for any other device, in ordinary memory."""
+        try:
+            parsed = torch.device(device)
+        except (RuntimeError, TypeError) as error:
+            raise ConfigError(f"device(): {error}. Pass e.g. 'cuda', 'cuda:1' or 'cpu'.") from None
+        if parsed.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(
+                f"device({str(device)!r}): CUDA is not available on this machine (torch "
+                f"{torch.__version__}). Pass the device the model trains on, e.g. 'cpu'."
+            )
+        self._device = parsed
         return self
 
     def persistent_workers(self, keep: bool = True) -> DataLoaderBuilder:
@@ -85,7 +104,10 @@ class DataLoaderBuilder:
             )
         generator = torch.Generator()
         generator.manual_seed(self._seed if self._seed is not None else 0)
-        pin = torch.cuda.is_available() if self._pin_memory is None else self._pin_memory
+        pin = self._pin_memory
+        if pin is None:
+            cuda = self._device.type == "cuda" if self._device is not None else None
+            pin = torch.cuda.is_available() if cuda is None else cuda
         workers = self._num_workers
         extra: dict[str, Any] = {}
         if workers > 0:

@@ -15,7 +15,8 @@ class DefaultRecorder(NamedMpkFileRecorder):
 
 
 class CompactRecorder(NamedMpkGzFileRecorder):
-    """Gzipped named msgpack with float16 weights: about 0.43x the float32 size."""
+    """Gzipped named msgpack with float16 weights: about 0.42x the float32 size (0.35x with
+    `precision="bf16"`)."""
 
     def __init__(self, precision: PrecisionLike = "half") -> None:
         super().__init__(precision)

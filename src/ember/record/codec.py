@@ -30,6 +30,8 @@ import torch
 from ember.record.arrays import (
     ndarray_from_bytes,
     ndarray_to_bytes,
+    rotate_left_16,
+    rotate_right_16,
     shuffle_bytes,
     tensor_from_bytes,
     tensor_itemsize,
@@ -203,10 +205,18 @@ def decode_tree(plain: Any, dialect: Dialect, decode_tensor: TensorDecoder) -> A
     return dec(plain, 0)
 
 
-def inline_tensor_encoder(dialect: Dialect, *, shuffle: bool) -> TensorEncoder:
-    """Encode tensors in place as {"dtype", "shape", "data"[, "shuffle"]} maps.
+ROTATED_DTYPES = ("float16", "bfloat16")
+"""16-bit floats whose bits `inline_tensor_encoder(rotate=True)` rotates before shuffling."""
 
-    `shuffle` stores the bytes grouped by significance (better gzip ratio). The formats
+
+def inline_tensor_encoder(
+    dialect: Dialect, *, shuffle: bool, rotate: bool = False
+) -> TensorEncoder:
+    """Encode tensors in place as {"dtype", "shape", "data"[, "shuffle"][, "rotate"]} maps.
+
+    `shuffle` stores the bytes grouped by significance (better gzip ratio); with `rotate`
+    too, the bits of 16-bit floats are first rotated one place left ("rotate": 1), so the
+    sign bit joins the mantissa and the high byte holds the exponent. The formats
     checksum their whole file, so tensors carry no checksum of their own.
     """
 
@@ -214,6 +224,9 @@ def inline_tensor_encoder(dialect: Dialect, *, shuffle: bool) -> TensorEncoder:
         name, shape, data = tensor_to_bytes(tensor)
         node: dict[str, Any] = {"dtype": name, "shape": shape}
         itemsize = tensor_itemsize(name)
+        if shuffle and rotate and name in ROTATED_DTYPES:
+            data = rotate_left_16(data)
+            node["rotate"] = 1
         if shuffle and itemsize > 1:
             data = shuffle_bytes(data, itemsize)
             node["shuffle"] = True
@@ -243,6 +256,11 @@ def inline_tensor_decoder(dialect: Dialect) -> TensorDecoder:
             data = _b64decode(raw)
         if node.get("shuffle", False) is True:
             data = unshuffle_bytes(data, tensor_itemsize(fields["dtype"]))
+        rotate = node.get("rotate")
+        if rotate is not None:
+            if rotate != 1 or fields["dtype"] not in ROTATED_DTYPES:
+                raise RecordProblem(f"malformed tensor entry: rotate {rotate!r}")
+            data = rotate_right_16(data)
         crc = node.get("crc32")
         if crc is not None and crc != zlib.crc32(data):
             raise RecordProblem("tensor data does not match its checksum (the file is damaged)")

@@ -9,7 +9,11 @@ The file is a msgpack map whose entries come in this order:
 The state tree uses the tagged codec (`ember.record.codec`): a module record is a map of
 parameter and buffer names to {"$tensor": {"dtype", "shape", "data"}} with the raw
 little-endian bytes of the tensor. In the gzipped variant multi-byte tensors carry
-"shuffle": true and their bytes are grouped by significance, which compresses better.
+"shuffle": true and their bytes are grouped by significance, which compresses better;
+since version 2 (written by the gzipped variant only) float16 and bfloat16 tensors also
+carry "rotate": 1, their 16-bit values rotated one bit left before the grouping, which
+puts the exponent alone in the high byte (bfloat16 records about 4% smaller). Version 1
+files still load; the uncompressed variant writes version 1, which every ember reads.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from ember.record.header import Header, Record, check_version
 from ember.record.problem import RecordProblem
 
 FORMAT_NAME = "ember.mpk"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 TITLE = "named msgpack"
 
 _FORMAT_PAIR = msgpack.packb("format") + msgpack.packb(FORMAT_NAME)
@@ -43,9 +47,12 @@ _PEEK_BYTES = 128
 
 
 def _encode(header: Header, tree: Any, options: EncodeOptions) -> bytes:
-    tensors = inline_tensor_encoder(MSGPACK, shuffle=options.compressed)
+    compressed = options.compressed
+    tensors = inline_tensor_encoder(MSGPACK, shuffle=compressed, rotate=compressed)
     plain = encode_tree(tree, MSGPACK, tensors, float_dtype=options.float_dtype)
-    entries = {**header.to_plain(), "record": plain}
+    # Only the gzipped variant rotates tensors (version 2); plain files stay version 1.
+    version = 1 if header.version == FORMAT_VERSION and not compressed else header.version
+    entries = {**header.to_plain(), "version": version, "record": plain}
     packer = msgpack.Packer(use_bin_type=True, autoreset=False)
     packer.pack_map_header(len(entries) + 1)
     for key, value in entries.items():

@@ -21,9 +21,11 @@ from ember.train.interrupter import Interrupter
 from ember.train.learner import Learner
 from ember.train.output import (
     ClassificationOutput,
+    ImageOutput,
     MultiLabelClassificationOutput,
     RegressionOutput,
     SequenceOutput,
+    TextOutput,
 )
 from ember.train.step import TrainOutput, TrainStep, ValidStep
 
@@ -35,6 +37,7 @@ __all__ = [
     "EvaluationInterrupted",
     "Evaluator",
     "EvaluatorBuilder",
+    "ImageOutput",
     "Interrupter",
     "KeepLastNCheckpoints",
     "Learner",
@@ -49,6 +52,7 @@ __all__ = [
     "Start",
     "StartEpoch",
     "StartSplit",
+    "TextOutput",
     "TrainOutput",
     "TrainStep",
     "ValidStep",

@@ -4,9 +4,14 @@
 ARTIFACT_DIR/
 ├── experiment.log              human text (Python logging)
 ├── history.json                exact epoch values, checkpoint epochs, outcome (history.py)
+├── hparams.json                the run's hyperparameters, when given (run_record.py)
+├── sessions.json               when each `fit` of the run started and ended (run_record.py)
+├── wandb-run.json              the W&B run this run logs to, and its steps (wandb_logger.py)
+├── wandb/                      W&B's own files (offline runs), when a W&B logger is used
 ├── .lock                       the run using the directory (host, pid, start time, boot id)
 ├── checkpoint/                 the file checkpointer's records
 ├── train/epoch-N/<Metric>.log  one "value,weight" line per iteration
+├── train/epoch-N/<Metric>.json the epoch's count matrix of a matrix metric (confusion matrix)
 └── valid/epoch-N/<Metric>.log
 ```
 
@@ -15,6 +20,7 @@ Everything else asks this module for a path or a parsed line; nothing builds one
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -34,11 +40,14 @@ __all__ = [
     "format_line",
     "format_value",
     "format_weight",
+    "matrix_file_name",
     "metric_file_name",
     "metric_log_path",
     "metric_stem",
+    "read_matrix",
     "read_metric_log",
     "weighted_mean",
+    "write_matrix",
 ]
 
 SPLITS = ("train", "valid")
@@ -114,11 +123,67 @@ def read_metric_log(path: str | os.PathLike[str]) -> list[tuple[float, float]]:
 
 
 # Checkpoint files -------------------------------------------------------------------
+MATRIX_FORMAT = "ember-matrix"
+
+
+def matrix_file_name(name: str) -> str:
+    """A matrix metric's file name: its log file's stem with `.json`."""
+    return f"{metric_stem(name)}.json"
+
+
+def write_matrix(path: str | os.PathLike[str], name: str, counts: list[list[int]]) -> Path:
+    """Save a count matrix (rows: targets, columns: predictions) atomically, as
+    {"format": "ember-matrix", "version": 1, "name": ..., "counts": [[...], ...]}."""
+    from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"format": MATRIX_FORMAT, "version": 1, "name": name, "counts": counts}
+    atomic_write_bytes(path, (json.dumps(record) + "\n").encode("utf-8"))
+    return path
+
+
+def read_matrix(path: str | os.PathLike[str]) -> tuple[str, list[list[int]]] | None:
+    """A saved matrix file as `(metric name, counts)`; None when the file is not one
+    (another tool's JSON) and an `EmberError` naming the file when it is damaged."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise EmberError(f"{path}: cannot read the matrix file: {error}.") from None
+    if not isinstance(record, dict) or record.get("format") != MATRIX_FORMAT:
+        return None
+    counts, name = record.get("counts"), record.get("name")
+    if not isinstance(counts, list) or not isinstance(name, str):
+        raise EmberError(f"{path}: a matrix file needs a name and a list of count rows.")
+    if not all(isinstance(row, list) and len(row) == len(counts) for row in counts):
+        raise EmberError(f"{path}: a matrix file's counts must be square.")
+    return name, [[int(cell) for cell in row] for row in counts]
+
+
 def checkpoint_path(
     directory: str | os.PathLike[str], part: str, epoch: int, extension: str
 ) -> Path:
     """`directory/<part>-<epoch>.<extension>`, e.g. `checkpoint/model-3.mpk.gz`."""
     return Path(directory) / f"{part}-{epoch}.{extension}"
+
+
+def checkpoint_shard_path(
+    directory: str | os.PathLike[str], part: str, epoch: int, rank: int, extension: str
+) -> Path:
+    """`directory/<part>-<epoch>.rank-<rank>.<extension>`: one process's shard of a part
+    of a sharded checkpoint, e.g. `checkpoint/model-3.rank-1.mpk`."""
+    return Path(directory) / f"{part}-{epoch}.rank-{rank}.{extension}"
+
+
+def checkpoint_shards(
+    directory: str | os.PathLike[str], part: str, epoch: int, extension: str
+) -> list[Path]:
+    """Every shard file of a part of a checkpoint in `directory`."""
+    pattern = re.compile(rf"^{re.escape(part)}-{epoch}\.rank-\d+\.{re.escape(extension)}$")
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    return sorted(entry for entry in root.iterdir() if pattern.match(entry.name))
 
 
 def checkpoint_epochs(directory: str | os.PathLike[str], part: str, extension: str) -> list[int]:
@@ -145,6 +210,26 @@ class Artifacts:
     @property
     def history(self) -> Path:
         return self.root / "history.json"
+
+    @property
+    def hparams(self) -> Path:
+        """`hparams.json`: the hyperparameters given to `LearnerBuilder.hparams`."""
+        return self.root / "hparams.json"
+
+    @property
+    def sessions(self) -> Path:
+        """`sessions.json`: the start and end time of each `fit` of the run."""
+        return self.root / "sessions.json"
+
+    @property
+    def wandb_run(self) -> Path:
+        """`wandb-run.json`: the id of the W&B run a W&B logger writes to, and its steps."""
+        return self.root / "wandb-run.json"
+
+    @property
+    def wandb_dir(self) -> Path:
+        """Where W&B keeps its own files (it makes a `wandb/` folder in it)."""
+        return self.root
 
     @property
     def lock(self) -> Path:
@@ -214,6 +299,22 @@ class Artifacts:
             for path in sorted(folder.glob("*.log")):
                 yield epoch, path.stem, path
 
+    def matrix_file(self, split: str, epoch: int, name: str) -> Path:
+        """`<split>/epoch-N/<Metric>.json`: a matrix metric's counts for one epoch."""
+        return self.epoch_dir(split, epoch) / matrix_file_name(name)
+
+    def write_matrix(self, split: str, epoch: int, name: str, counts: list[list[int]]) -> Path:
+        """Save an epoch's count matrix (rows: targets, columns: predictions), atomically."""
+        return write_matrix(self.matrix_file(split, epoch, name), name, counts)
+
+    def matrices(self, split: str) -> Iterator[tuple[int, str, list[list[int]]]]:
+        """`(epoch, metric name, counts)` of every saved matrix of a split, oldest first."""
+        for epoch, folder in sorted(self.epoch_dirs(split).items()):
+            for path in sorted(folder.glob("*.json")):
+                found = read_matrix(path)
+                if found is not None:
+                    yield epoch, found[0], found[1]
+
     # Preparing a run ---------------------------------------------------------------
     def check_writable(self) -> None:
         """Create the directory and check that a run can write in it."""
@@ -261,8 +362,14 @@ class Artifacts:
             if overwrite:  # a new run: nothing of an earlier one is kept (a failed one included)
                 for path in [*splits, checkpoints]:
                     shutil.rmtree(path, ignore_errors=True)
-                self.experiment_log.unlink(missing_ok=True)
-                self.history.unlink(missing_ok=True)
+                for file in (
+                    self.experiment_log,
+                    self.history,
+                    self.hparams,
+                    self.sessions,
+                    self.wandb_run,
+                ):
+                    file.unlink(missing_ok=True)
             return
         for split in SPLITS:
             for epoch, path in self.epoch_dirs(split).items():

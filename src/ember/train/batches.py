@@ -155,18 +155,39 @@ class BatchPlanner:
                 "exact share of every epoch (no sample dropped or counted twice)."
             )
 
+    def check_even(self, name: str) -> None:
+        """Under FSDP every process runs the same number of batches: each forward
+        gathers the parameters from all of them."""
+        counts = self._batch_counts()
+        if counts is not None and len(set(counts)) > 1:
+            loader: Any = self.loader
+            raise TrainingError(
+                f"The {name} data loader gives the {len(counts)} processes {min(counts)} or "
+                f"{max(counts)} batches per epoch ({len(loader.dataset)} samples, batch size "
+                f"{loader.batch_size}); FSDP needs the same number on every process. Build "
+                "the loader with drop_last=True, or choose a batch size or a number of "
+                "processes that gives every process as many batches."
+            )
+
+    def _batch_counts(self) -> list[int] | None:
+        """Batches of an epoch on each process, when there are several."""
+        sampler = self.sampler
+        if self.shard is None or sampler is None:
+            return None
+        sampler.shard(*self.shard)
+        plan = ShardPlan(
+            sampler.shard_lengths(),
+            int(self.loader.batch_size),  # type: ignore[attr-defined]
+            bool(self.loader.drop_last),  # type: ignore[attr-defined]
+        )
+        return [plan.batches(length) for length in plan.lengths]
+
     def batches_per_epoch(self) -> int | None:
         """Batches of an epoch on the process that has the most (None when the loader
         has no length)."""
-        sampler = self.sampler
-        if self.shard is not None and sampler is not None:
-            sampler.shard(*self.shard)
-            plan = ShardPlan(
-                sampler.shard_lengths(),
-                int(self.loader.batch_size),  # type: ignore[attr-defined]
-                bool(self.loader.drop_last),  # type: ignore[attr-defined]
-            )
-            return max(plan.batches(length) for length in plan.lengths)
+        counts = self._batch_counts()
+        if counts is not None:
+            return max(counts)
         try:
             return len(self.loader)  # type: ignore[arg-type]
         except TypeError:

@@ -22,8 +22,8 @@ from ember.train.checkpoint.strategy import (
     KeepLastNCheckpoints,
     MetricCheckpointingStrategy,
 )
-from ember.train.distributed import process_device
-from ember.train.early_stopping import EarlyStoppingStrategy
+from ember.train.distributed import process_device, world_size
+from ember.train.early_stopping import EarlyStoppingStrategy, PruningStrategy
 from ember.train.events import Listener
 from ember.train.interrupter import Interrupter
 from ember.train.logger.base import MetricLogger
@@ -31,6 +31,7 @@ from ember.train.manual import ManualOptimization, check_automatic, check_manual
 from ember.train.metric.base import Metric
 from ember.train.optimization import Optimization, check_mixed_precision
 from ember.train.options import LearnerOptions, RegisteredMetric
+from ember.train.parallel import FsdpOptions, choose
 from ember.train.plugins import check_plugin
 from ember.train.renderer.base import Renderer
 from ember.train.step import check_steps
@@ -65,6 +66,7 @@ class LearnerBuilder:
         self._num_epochs = 1
         self._devices: list[torch.device] | None = None
         self._timeout = 300.0
+        self._fsdp: FsdpOptions | None = None
         self._checkpoint: int | str | None = None
         self._interrupter = Interrupter()
         self._listeners: list[Listener] = []
@@ -81,6 +83,8 @@ class LearnerBuilder:
         self._compile: dict[str, Any] | None = None
         self._resume_hyperparameters = "checkpoint"
         self._monitor: tuple[str, str] | None = None
+        self._hparams: dict[str, Any] | None = None
+        self._pruning: PruningStrategy | None = None
 
     # Metrics -----------------------------------------------------------------
     def _add_metric(self, split: str, metric: Any, numeric: bool) -> LearnerBuilder:
@@ -151,6 +155,17 @@ class LearnerBuilder:
         self._summary = True
         return self
 
+    def hparams(self, hparams: Any) -> LearnerBuilder:
+        """The run's hyperparameters: a dict, a dataclass or a pydantic model (an ember
+        `Config`). They are recorded once per `fit`: in `hparams.json` and
+        `experiment.log`, and by the metric loggers that keep them (TensorBoard's
+        HPARAMS table, MLflow params, W&B config). Values must be JSON values (paths
+        and enums are converted); anything else is refused here, naming its key."""
+        from ember.train.run_record import to_hparams
+
+        self._hparams = to_hparams(hparams)
+        return self
+
     def listener(self, listener: Any) -> LearnerBuilder:
         """Register an object with `on_event(event)` to hook into the loop."""
         check_plugin(listener, Listener, "a listener")
@@ -182,12 +197,23 @@ class LearnerBuilder:
         return self
 
     def devices(
-        self, devices: Sequence[str | torch.device], *, timeout: float = 300.0
+        self,
+        devices: Sequence[str | torch.device],
+        *,
+        timeout: float = 300.0,
+        strategy: str | FsdpOptions = "ddp",
+        **fsdp: Any,
     ) -> LearnerBuilder:
         """The devices to train on, e.g. `["cpu"]`, `["cuda:0"]`, or several
         (`["cuda:0", "cuda:1"]`: one process per device on torch.distributed, started by
         ember; under torchrun each process joins by itself). `timeout` bounds how long a
-        process waits for the others in a collective."""
+        process waits for the others in a collective.
+
+        With several processes, `strategy` says how they share the model: "ddp" (each
+        holds a whole copy; the default) or "fsdp" (each holds a shard of the
+        parameters, gradients and optimizer state), with the options of `FsdpOptions`
+        as keywords (`devices([...], strategy="fsdp", mixed_precision="bf16")`) or
+        `strategy=FsdpOptions(...)`."""
         if isinstance(devices, (str, torch.device)):
             devices = [devices]
         if not devices:
@@ -200,6 +226,7 @@ class LearnerBuilder:
             raise ConfigError(f"devices(timeout=...) must be > 0 seconds, got {timeout!r}.")
         for device in parsed:
             _check_available(device)
+        self._fsdp = choose(strategy, fsdp, world_size(parsed))
         self._devices = parsed
         self._timeout = float(timeout)
         return self
@@ -304,6 +331,15 @@ class LearnerBuilder:
         self._early_stopping = strategy
         return self
 
+    def pruning(self, strategy: Any) -> LearnerBuilder:
+        """Let a hyperparameter search prune this run: at each epoch end (after early
+        stopping is asked) `strategy.should_prune(history)` may end the run, after that
+        epoch's checkpoint, with the outcome "pruned: <why>" (see
+        `ember.integrations.optuna.OptunaPruning`)."""
+        check_plugin(strategy, PruningStrategy, "a pruning strategy")
+        self._pruning = strategy
+        return self
+
     def interrupter(self) -> Interrupter:
         """The handle that stops this run gracefully (`stop(message)`)."""
         return self._interrupter
@@ -334,6 +370,12 @@ class LearnerBuilder:
             check_manual(model, optimizer, lr)
         else:
             check_automatic(model)
+        if self._fsdp is not None and self._mixed_precision == "fp16":
+            raise ConfigError(
+                "mixed_precision('fp16') needs a gradient scaler that FSDP's sharded gradients "
+                "do not support here: use mixed_precision('bf16'), or FSDP's own "
+                "devices(..., strategy='fsdp', mixed_precision='bf16')."
+            )
         placement = from_environment()
         if manual and ((self._devices is not None and len(self._devices) > 1) or placement):
             raise ConfigError(
@@ -344,6 +386,11 @@ class LearnerBuilder:
             device = _model_device(model)
         else:
             device = process_device(self._devices, placement[2] if placement else 0)
+        if self._fsdp is not None and self._fsdp.cpu_offload and device.type == "cpu":
+            raise ConfigError(
+                "FSDP's cpu_offload=True keeps the shards of a model trained on GPUs in host "
+                "memory; this run trains on the CPU, where they are already. Drop cpu_offload."
+            )
         model.to(device)
         if self._compile is not None:
             model.compile(**self._compile)
@@ -354,12 +401,20 @@ class LearnerBuilder:
                 Artifacts(self._artifact_dir).checkpoints, self._recorder
             )
         self._check_resume(checkpointer)
+        sharded = self._fsdp is not None and self._fsdp.sharded_checkpoints
+        if sharded and checkpointer is not None and not isinstance(checkpointer, FileCheckpointer):
+            raise ConfigError(
+                "FSDP's sharded_checkpoints=True has each process write files of its own, "
+                f"which {type(checkpointer).__name__} cannot hold: use "
+                "with_file_checkpointer(recorder), or drop sharded_checkpoints."
+            )
         options = LearnerOptions(
             model=model,
             optimization=optimization,
             device=device,
             devices=tuple(self._devices) if self._devices is not None else None,
             distributed_timeout=self._timeout,
+            fsdp=self._fsdp,
             artifact_dir=self._artifact_dir,
             overwrite=self._overwrite,
             num_epochs=self._num_epochs,
@@ -379,6 +434,8 @@ class LearnerBuilder:
             nonfinite_loss=self._nonfinite,
             compile=self._compile,
             resume_hyperparameters=self._resume_hyperparameters,
+            hparams=self._hparams,
+            pruning=self._pruning,
         )
         return Learner(options)
 

@@ -21,7 +21,7 @@ def run_info(learner: Any, start: Any) -> RunInfo:
         resumed=not start.fresh,
         start_iteration=start.iteration,
         num_epochs=learner.num_epochs,
-        model_name=type(learner.model).__name__,
+        model_name=model_name(learner.model),
         num_parameters=sum(p.numel() for p in learner.model.parameters()),
         devices=tuple(str(d) for d in learner.devices)
         if learner.dist is not None and learner.devices and len(learner.devices) > 1
@@ -33,6 +33,14 @@ def run_info(learner: Any, start: Any) -> RunInfo:
         ),
         interrupter=learner.interrupter,
     )
+
+
+def model_name(model: Any) -> str:
+    """The class name of the user's model (FSDP swaps the class for `FSDP<name>`)."""
+    kind = type(model)
+    if kind.__name__.startswith("FSDP") and len(kind.__bases__) == 2:
+        return kind.__bases__[1].__name__
+    return kind.__name__
 
 
 def describe_run(learner: Any, info: RunInfo) -> str:
@@ -56,6 +64,9 @@ def describe_run(learner: Any, info: RunInfo) -> str:
     dist = learner.dist
     if dist is not None:
         extras.append(f"{dist.world} processes ({dist.backend}), rank 0 writes the artifacts")
+    fsdp = learner.options.fsdp
+    if dist is not None and fsdp is not None:
+        extras.append(f"parameters sharded (FSDP; {fsdp.describe()})")
     return (
         f"Training {info.model_name} ({info.num_parameters:,} parameters) on "
         f"{', '.join(info.devices)}: epochs {info.start_epoch} to {info.num_epochs}, optimizer "

@@ -1,4 +1,4 @@
-"""Several devices: one process per device on torch.distributed (DDP).
+"""Several devices: one process per device on torch.distributed.
 
 `devices([d0, d1, ...])` with several devices makes the process that calls `fit` rank
 0; it starts one more process per extra device by running the same command again
@@ -8,7 +8,8 @@ variables are already there and every process simply joins the group.
 
 Rank 0 alone writes the artifact directory, renders and checkpoints. The other
 ranks' standard error is copied into rank 0's standard error and `experiment.log`
-(with a `[rank N]` prefix).
+(with a `[rank N]` prefix). How the processes share the model (DDP replicas or FSDP
+shards) is `ember.train.parallel`'s business.
 
 When something goes wrong the ranks tell each other through the group's key-value
 store (the c10d TCPStore), which a watchdog thread in every process reads:
@@ -53,7 +54,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from ember.environment import from_environment, in_notebook
 from ember.errors import TrainingError
@@ -74,23 +74,6 @@ _setups = 0  # process groups joined by this process; each keeps its keys apart
 # the exception hook prints those in one line.
 _explained: list[tuple[BaseException, str]] = []
 _run_failed = False  # a run of this process failed: it is about to exit
-
-
-class StepRouter(nn.Module):
-    """Routes DDP's forward to the model's `train_step`, so gradients are synchronised
-    even though the loop calls a step method rather than `forward`. Each finished step
-    counts as progress for the hang detection."""
-
-    def __init__(self, module: nn.Module, context: Distributed | None = None) -> None:
-        super().__init__()
-        self.module = module
-        self._context = context
-
-    def forward(self, batch: Any) -> Any:
-        output = self.module.train_step(batch)  # type: ignore[operator]
-        if self._context is not None:
-            self._context.progress += 1
-        return output
 
 
 @dataclass
@@ -232,6 +215,10 @@ class Distributed:
     """The thread that trains (the one that called `fit`)."""
     progress: int = 0
     """Bumped by every step and collective: the hang detection watches it."""
+    sharding: Any = None
+    """How the model and optimizer states are read and written when each rank holds a
+    shard of them (`ember.train.parallel.fsdp.Sharding`); None when every rank holds
+    the whole model (one process, DDP)."""
     cause: Failure | None = None
     """The failure that explains this rank's communication errors: another rank's record,
     or this rank's own report of a hang or a lost rank."""
@@ -929,15 +916,6 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
     return context
 
 
-def wrap(model: nn.Module, context: Distributed) -> nn.parallel.DistributedDataParallel:
-    """The model behind DDP, with `train_step` as its forward."""
-    ids = [context.device] if context.device.type == "cuda" else None
-    context.progress += 1
-    ddp = nn.parallel.DistributedDataParallel(StepRouter(model, context), device_ids=ids)
-    context.progress += 1
-    return ddp
-
-
 def process_device(devices: Sequence[torch.device] | None, local_rank: int) -> torch.device:
     """The device of the process with `local_rank` on its machine. Under a launcher, a
     list of several devices must list one per process it started on this machine."""
@@ -973,8 +951,13 @@ _LABELS: dict[types.CodeType, str] = {
     Distributed.broadcast.__code__: "a broadcast from rank 0",
     Distributed.close.__code__: "the end of training",
     setup.__code__: "joining the process group",
-    wrap.__code__: "the setup of DDP (the first broadcast of the weights)",
 }
+
+
+def name_wait(code: types.CodeType, label: str) -> None:
+    """Name what a rank waits for while its thread runs `code` (e.g. the setup of a
+    parallel strategy), for the hang reports."""
+    _LABELS[code] = label
 
 
 # Starting the ranks ----------------------------------------------------------------
@@ -1063,23 +1046,6 @@ def _forward(child: Child) -> None:
 
 
 # The loop's helpers ----------------------------------------------------------------
-def join(ddp: Any) -> Any:
-    """DDP's Join context: ranks with fewer batches keep answering the others' reductions."""
-    if ddp is None:
-        return contextlib.nullcontext()
-    from torch.distributed.algorithms.join import Join
-
-    return Join([ddp])
-
-
-_NULL = contextlib.nullcontext()
-
-
-def no_sync(ddp: Any, accumulate: bool) -> Any:
-    """Skip DDP's gradient reduction on all but the last batch of a group."""
-    return ddp.no_sync() if ddp is not None and accumulate else _NULL
-
-
 def world_size(devices: Sequence[torch.device] | None) -> int:
     """How many processes a run will have: torchrun's world, or one per listed device."""
     placement = from_environment()

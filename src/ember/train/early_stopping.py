@@ -15,6 +15,16 @@ class EarlyStoppingStrategy(Protocol):
         ...
 
 
+@runtime_checkable
+class PruningStrategy(Protocol):
+    """Decides at each epoch end whether a trial of a hyperparameter search is pruned
+    (`ember.integrations.optuna.OptunaPruning` asks an Optuna pruner)."""
+
+    def should_prune(self, history: History) -> str | None:
+        """Why the run is pruned after the last epoch of `history`, or None to go on."""
+        ...
+
+
 class MetricEarlyStoppingStrategy:
     """Stop when `metric` (epoch value on `split`) has not improved for
     `no_improvement_since` epochs; never during the first `warmup_epochs` epochs."""

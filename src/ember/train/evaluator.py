@@ -10,6 +10,7 @@ ARTIFACT_DIR/
 ├── evaluation.log              Python logging of the evaluations
 └── test/<name>/
     ├── <Metric>.log            one "value,weight" line per batch
+    ├── <Metric>.json           the count matrix of a matrix metric (confusion matrix)
     └── values.json             {"name", "values", "items", "batches"}
 ```
 
@@ -33,7 +34,14 @@ import torch
 
 from ember.data.device import to_device
 from ember.errors import ConfigError, TrainingError
-from ember.train.artifacts import Artifacts, format_line, format_value, metric_file_name
+from ember.train.artifacts import (
+    Artifacts,
+    format_line,
+    format_value,
+    matrix_file_name,
+    metric_file_name,
+    write_matrix,
+)
 from ember.train.batches import batch_size
 from ember.train.interrupter import Interrupter
 from ember.train.logger.application import FileApplicationLogger
@@ -209,6 +217,8 @@ class Evaluator:
                     "were discarded."
                 )
             logger.close()
+            for metric, counts in processor.matrices.items():
+                write_matrix(partial / matrix_file_name(metric), metric, counts)
             record = {"name": name, "values": values, "items": items, "batches": batches}
             text = json.dumps(record, indent=2) + "\n"
             (partial / "values.json").write_text(text, encoding="utf-8")

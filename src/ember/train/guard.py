@@ -20,9 +20,14 @@ class LossGuard:
     """`stop` (default): a NaN/inf loss ends the run with a message naming where.
     `skip`: the optimizer step of a group with a NaN/inf loss is dropped.
 
-    On the CPU every loss is checked at once (it costs nothing). On an accelerator,
-    `stop` checks in bulk every `every` steps (no per-step sync), so up to that many
-    steps may run before the stop; `skip` has to look at every loss and syncs each step.
+    `stop` with a `LossMetric` on the training split that reads the loss the step
+    backpropagates (`covered`): the guard does nothing per step; the metrics processor
+    reports a non-finite value (`nonfinite`) when the metric's values reach the host,
+    at once on the CPU (before the optimizer step), at each metrics tick and at the end
+    of the split on an accelerator. Without such a metric, on the CPU every loss is
+    checked at once; on an accelerator `stop` checks in bulk every `every` steps (no
+    per-step sync), so up to that many steps may run before the stop. `skip` has to
+    look at every loss before its step, and syncs each step on an accelerator.
     """
 
     def __init__(
@@ -36,10 +41,14 @@ class LossGuard:
         self.last_checkpoint = last_checkpoint
         self.immediate = device.type == "cpu" or policy == "skip"
         self.every = every
+        self.covered = False
+        """The training loss metric reports non-finite losses: no check per step."""
         self._pending: list[tuple[int, int, torch.Tensor]] = []
 
     def check(self, loss: torch.Tensor, epoch: int, iteration: int) -> bool:
         """True when the loss is finite (as far as is known now)."""
+        if self.covered:
+            return True
         if self.immediate:
             value = float(loss.detach())
             if math.isfinite(value):
@@ -51,6 +60,10 @@ class LossGuard:
         if len(self._pending) >= self.every:
             self.flush()
         return True
+
+    def nonfinite(self, epoch: int, iteration: int, value: float) -> None:
+        """A loss that reached the host through the loss metric is not finite: stop."""
+        raise self._error(value, epoch, iteration)
 
     def flush(self) -> None:
         """Check the deferred losses (accelerators, `stop` policy)."""

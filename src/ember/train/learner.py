@@ -23,7 +23,7 @@ from ember.train.artifacts import Artifacts
 from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size
 from ember.train.checkpoint.policy import CheckpointPolicy, Resume
 from ember.train.describe import describe_run, run_info
-from ember.train.distributed import Distributed, join, no_sync, setup, world_size, wrap
+from ember.train.distributed import Distributed, setup, world_size
 from ember.train.evaluator import Evaluator
 from ember.train.events import End, EndEpoch, ProcessedItem, Start, StartEpoch, StartSplit
 from ember.train.guard import LossGuard
@@ -36,10 +36,12 @@ from ember.train.logger.file import FileMetricLogger
 from ember.train.manual import ManualOptimization, StepContext
 from ember.train.options import LearnerOptions
 from ember.train.output import summed_loss_hint
+from ember.train.parallel import evaluation, join, no_sync, parallelize
 from ember.train.position import Position
 from ember.train.preflight import check_not_empty, check_validation
 from ember.train.processor import MetricsProcessor
 from ember.train.renderer.silent import SilentRenderer
+from ember.train.run_record import end_session, record_start
 from ember.train.signals import signal_handlers
 from ember.train.step import call_step, check_steps, check_train_output
 
@@ -95,6 +97,7 @@ class Learner:
         )
         self.dist: Distributed | None = None
         self._ddp: Any = None
+        self._whole: dict[str, Any] | None = None
         self._move = self.device.type != "cpu"  # batches from a DataLoader are on the CPU
         self._manual: StepContext | None = None
         if isinstance(self.optim, ManualOptimization):
@@ -110,7 +113,8 @@ class Learner:
         self.total_steps: int | None = None
         """Optimizer steps of the whole run (`steps_per_epoch * num_epochs`)."""
         self.outcome: str | None = None
-        """After `fit`: "completed", "stopped: <why>" or "stopped early: <why>"; "failed" or
+        """After `fit`: "completed", "stopped: <why>", "stopped early: <why>" or "pruned:
+        <why>" (`LearnerBuilder.pruning`); "failed" or
         "interrupted" (a second Ctrl-C) when `fit` raised."""
 
     @property
@@ -209,6 +213,8 @@ class Learner:
             log.info("Training %s after epoch %d.", reason, self.epoch)
             if restore_best:
                 self.checkpoints.restore_best(self.model, self.dist)
+            if self.dist is not None and self.dist.sharding is not None:
+                self._whole = self.dist.sharding.gathered_model()  # before the group closes
             if self.options.summary and run.main:
                 self._print_summary()
         except BaseException as error:
@@ -235,6 +241,8 @@ class Learner:
         self.optim.lr.check_monitor(
             {split: [entry.name for entry in entries] for split, entries in self.metrics.items()}
         )
+        if dist is not None:  # the model as the processes share it, before it is restored
+            self._ddp = parallelize(self.model, self.optimizer, dist, self.options.fsdp)
         notes += [*resume.notes, *self.checkpoints.restore(resume, self.model, self.optim, dist)]
         if main:
             self.artifacts.prepare(resume.position.kept_epochs(), self.options.overwrite)
@@ -260,11 +268,15 @@ class Learner:
         if dist is not None:
             self._prepare_processes(dist, processor, run.train, run.valid)
         processes = dist.world if dist is not None else 1
+        hparams, directory = self.options.hparams, str(self.artifact_dir)
         start_loggers(
-            run.loggers, RunStart(start.epoch, start.iteration, not start.fresh, processes)
+            run.loggers,
+            RunStart(start.epoch, start.iteration, not start.fresh, processes, hparams, directory),
         )
         info = run_info(self, start)
         log.info("%s", describe_run(self, info))
+        if run.main:
+            record_start(self.artifacts, start.epoch, not start.fresh, hparams)
         self.run_history.describe_model(info.model_name, info.num_parameters)
         if start.epoch > self.num_epochs:
             self.epoch = start.epoch - 1
@@ -277,7 +289,13 @@ class Learner:
             )
         elif valid is not None and self.metrics.get("valid"):
             check_validation(
-                self.model, valid, processor, start.epoch, self.device, self.optim.autocast
+                self.model,
+                valid,
+                processor,
+                start.epoch,
+                self.device,
+                self.optim.autocast,
+                evaluation(self._ddp),
             )
         run.renderer.start(info)
         self._emit(Start(start.epoch, self.num_epochs, str(self.artifact_dir)))
@@ -370,7 +388,7 @@ class Learner:
         if stop and self.iteration != plan.total:
             processor.flush(dist)  # the logs hold every finished iteration
             return None
-        return processor.end_split(dist)
+        return self._end_split(processor, "train", epoch)
 
     def _run_step(
         self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
@@ -428,6 +446,9 @@ class Learner:
         hint = summed_loss_hint(output.item)
         if hint is not None:
             log.warning("%s", hint)
+        guard = self.guard
+        if not manual and guard.policy == "stop":  # the loss metric's values stand guard
+            guard.covered = processor.watch_loss(output.item, output.loss, guard.nonfinite)
 
     def _step_optimizer(self, finite: bool, epoch: int) -> None:
         if finite:
@@ -459,7 +480,7 @@ class Learner:
         processor.start_split("valid", epoch, plan.total)
         self._hook("on_validation_start", epoch)
         try:
-            with torch.inference_mode(), self.optim.autocast():
+            with evaluation(self._ddp)(), self.optim.autocast():
                 for iteration, batch in enumerate(plan.loader, start=1):
                     if self._move:
                         batch = to_device(batch, self.device)
@@ -467,10 +488,19 @@ class Learner:
                     processor.update(item, iteration, batch_size(batch), None)
                     if self.listeners:
                         self._emit(ProcessedItem("valid", epoch, iteration, plan.total, item, None))
-            return processor.end_split(self.dist)
+            return self._end_split(processor, "valid", epoch)
         finally:
             self._hook("on_validation_end", epoch)
             self.model.train()
+
+    def _end_split(self, processor: MetricsProcessor, split: str, epoch: int) -> dict[str, float]:
+        """The split's epoch values; rank 0 saves the epoch's count matrices (confusion
+        matrices) next to the metric logs."""
+        values = processor.end_split(self.dist)
+        if self.dist is None or self.dist.main:
+            for name, counts in processor.matrices.items():
+                self.artifacts.write_matrix(split, epoch, name, counts)
+        return values
 
     def _end_epoch(self, epoch: int, values: EpochValues) -> str | None:
         """Decide (a stop, early stopping), then checkpoint, then tell the listeners;
@@ -493,10 +523,23 @@ class Learner:
             if why is not None:
                 log.info("Early stopping after epoch %d: %s.", epoch, why)
                 reason = f"stopped early: {why}"
+        if reason is None and self.options.pruning is not None:
+            reason = self._pruned(epoch)
         position = Position(epoch, self.iteration, self.items, True)
         self.checkpoints.save(position, self.model, self.optim, self.dist)
         self._emit(EndEpoch(epoch, values))
         return reason
+
+    def _pruned(self, epoch: int) -> str | None:
+        """Ask the pruning strategy (on rank 0, which holds the trial) whether to prune."""
+        pruning, dist = self.options.pruning, self.dist
+        why = pruning.should_prune(self.history) if pruning and (not dist or dist.main) else None
+        if dist is not None and dist.any(why is not None):
+            why = why or "pruned on rank 0"
+        if why is None:
+            return None
+        log.info("Pruned after epoch %d: %s.", epoch, why)
+        return f"pruned: {why}"
 
     def _start_split(self, split: str, epoch: int, first: int = 1) -> None:
         """Tell the model (`on_split_start`, if it has one) and the listeners. A split
@@ -546,13 +589,16 @@ class Learner:
         train: BatchPlanner,
         valid: BatchPlanner | None,
     ) -> None:
-        """Several processes: check that the loaders shard exactly, warn about metrics
-        that see one process's data, wrap the model in DDP."""
+        """Several processes: check that the loaders shard exactly (and evenly under
+        FSDP), warn about metrics that see one process's data."""
         train.check_shardable("training")
         if valid is not None:
             valid.check_shardable("validation")
         processor.warn_unmerged_metrics()
-        self._ddp = wrap(self.model, dist)
+        if self.options.fsdp is not None:
+            train.check_even("training")
+            if valid is not None:
+                valid.check_even("validation")
         dist.barrier()  # rank 0 has prepared the artifact directory
 
     def _resume_logs(
@@ -599,6 +645,7 @@ class Learner:
     def _finish(self, reason: str) -> None:
         if self.run_history.path is not None:
             self.run_history.finish(reason)
+            end_session(self.artifacts, reason)
 
     def _hook(self, name: str, epoch: int) -> None:
         """Call a callback hook of the run's epochs and splits (none without callbacks)."""
@@ -611,10 +658,25 @@ class Learner:
             listener.on_event(event)
 
     # After the run ---------------------------------------------------------------
+    def model_state_dict(self) -> dict[str, Any]:
+        """The trained model's whole state. Under FSDP, where each process holds a
+        shard, `fit` gathers it on rank 0 (on the CPU) before it ends, and the other
+        ranks get {}; otherwise it is the model's own `state_dict()`."""
+        if self._whole is not None:
+            return self._whole
+        return self.model.state_dict()
+
     def _evaluator(self) -> Evaluator:
         """An evaluator of the model with the learner's settings. It has an interrupter
         of its own: a stop that ended `fit` (and sets `exit_code`) does not stop it."""
         metrics = self.metrics.get("valid") or self.metrics.get("train") or ()
+        if self.options.fsdp is not None:
+            raise TrainingError(
+                "evaluate() and predict() need the whole model, and under FSDP each process "
+                "held a shard of it until fit() ended. Load the trained weights into a plain "
+                "model (model.load_state_dict(learner.model_state_dict()) on rank 0, or the "
+                "last checkpoint with recorder.load(model, path)) and use an Evaluator."
+            )
         return Evaluator(
             self.model,
             self.device,

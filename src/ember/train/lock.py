@@ -418,3 +418,22 @@ def _directory_lock(directory: Path) -> Iterator[bool]:
         yield locked
     finally:
         os.close(fd)  # closing drops the flock
+
+
+@dataclass(frozen=True)
+class LockState:
+    """A run lock as a reader sees it: who holds it and whether that process still runs."""
+
+    owner: LockOwner | None
+    running: bool
+    stale_reason: str | None
+
+
+def read_lock(path: str | os.PathLike[str]) -> LockState | None:
+    """The lock at `path` (None when there is none): its owner and whether the owner
+    may still run (a lock from another machine counts as running). Only reads."""
+    seen = RunLock(Path(path))._read(Path(path))
+    if seen is None:
+        return None
+    reason = _stale_reason(seen)
+    return LockState(seen.owner, reason is None, reason)

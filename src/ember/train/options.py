@@ -10,12 +10,13 @@ import torch
 
 from ember.train.checkpoint.base import Checkpointer
 from ember.train.checkpoint.strategy import CheckpointingStrategy
-from ember.train.early_stopping import EarlyStoppingStrategy
+from ember.train.early_stopping import EarlyStoppingStrategy, PruningStrategy
 from ember.train.events import Listener
 from ember.train.interrupter import Interrupter
 from ember.train.logger.base import MetricLogger
 from ember.train.metric.base import RegisteredMetric
 from ember.train.optimization import Optimization
+from ember.train.parallel import FsdpOptions
 from ember.train.renderer.base import Renderer
 
 __all__ = ["LearnerOptions", "RegisteredMetric"]
@@ -54,3 +55,9 @@ class LearnerOptions:
     """On resume, whose optimizer hyperparameters win: "checkpoint" or "new"."""
     compile: Mapping[str, Any] | None = None
     """The `torch.compile` options the model was compiled with, or None."""
+    hparams: Mapping[str, Any] | None = None
+    """The run's hyperparameters (`LearnerBuilder.hparams`), JSON-ready; None if not given."""
+    pruning: PruningStrategy | None = None
+    """What may prune the run at an epoch end (`LearnerBuilder.pruning`), or None."""
+    fsdp: FsdpOptions | None = None
+    """How the model is sharded over the processes (None: DDP, or one process)."""

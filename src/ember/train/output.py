@@ -9,17 +9,20 @@ implementing `adapt` (see `ember.train.metric.adapt`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 
+from ember.errors import TrainingError
 from ember.train.metric.inputs import (
     ClassificationInput,
+    ImageInput,
     LossInput,
     MultiLabelInput,
     RegressionInput,
     ScoresInput,
     SequenceInput,
+    TextInput,
 )
 
 
@@ -105,6 +108,96 @@ class SequenceOutput:
                 pad_token=self.pad_token,
             )
         if input_type is LossInput:
+            return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
+        return None
+
+
+@dataclass
+class TextOutput:
+    """Generated text against reference text, one pair per sample, for the text
+    metrics (`CerMetric`, `WerMetric`, `BleuMetric`, `RougeMetric`).
+
+    `predictions` and `references` are either lists of strings, or token-id tensors
+    [B, T] (or lists of id lists) with `decode`, a function from a list of token ids
+    to a string (a tokenizer's `decode`); ids equal to `pad_token` are dropped before
+    decoding. Decoding reads the ids on the host: text metrics cost one transfer per
+    batch. `loss`, when the step has one, feeds `LossMetric`.
+    """
+
+    predictions: Sequence[str] | torch.Tensor | Sequence[Sequence[int]]
+    references: Sequence[str] | torch.Tensor | Sequence[Sequence[int]]
+    decode: Callable[[list[int]], str] | None = None
+    pad_token: int | None = None
+    loss: torch.Tensor | None = None
+    loss_reduction: str = "mean"
+    """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+
+    def adapt(self, input_type: type) -> Any:
+        if input_type is TextInput:
+            predictions = self._texts(self.predictions, "predictions")
+            references = self._texts(self.references, "references")
+            if len(predictions) != len(references):
+                raise TrainingError(
+                    f"TextOutput holds {len(predictions)} predictions and {len(references)} "
+                    "references: give one reference per prediction."
+                )
+            return TextInput(predictions, references)
+        if input_type is LossInput and self.loss is not None:
+            return LossInput(self.loss, len(self.references), self.loss_reduction)
+        return None
+
+    def _texts(self, texts: Any, field: str) -> list[str]:
+        if isinstance(texts, str):
+            raise TrainingError(
+                f"TextOutput.{field} is one string; give a list of strings, one per sample."
+            )
+        if isinstance(texts, torch.Tensor):
+            if texts.dim() != 2:
+                raise TrainingError(
+                    f"TextOutput.{field} holds token ids of shape {list(texts.shape)}; give "
+                    "them as [B, T], one row per sample."
+                )
+            texts = texts.tolist()
+        rows = list(texts)
+        if all(isinstance(row, str) for row in rows):
+            return rows
+        if self.decode is None:
+            raise TrainingError(
+                f"TextOutput.{field} holds token ids, not strings: pass decode= (a function "
+                "from a list of token ids to a string, such as a tokenizer's decode)."
+            )
+        decoded = []
+        for row in rows:
+            ids = [int(i) for i in row if self.pad_token is None or int(i) != self.pad_token]
+            text = self.decode(ids)
+            if not isinstance(text, str):
+                raise TrainingError(
+                    f"TextOutput's decode returned a {type(text).__name__}; it must return "
+                    "a string."
+                )
+            decoded.append(text)
+        return decoded
+
+
+@dataclass
+class ImageOutput:
+    """Image prediction: `output` [B, C, H, W] and `targets` [B, C, H, W] for
+    reconstruction metrics (`PsnrMetric`, `SsimMetric`, `MsSsimMetric`); for
+    segmentation (`DiceMetric`), `output` class scores [B, C, H, W] and `targets`
+    class indices [B, H, W]. `loss`, when the step has one, feeds `LossMetric`."""
+
+    output: torch.Tensor
+    targets: torch.Tensor
+    loss: torch.Tensor | None = None
+    loss_reduction: str = "mean"
+    """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+
+    def adapt(self, input_type: type) -> Any:
+        if input_type is ImageInput:
+            return ImageInput(self.output, self.targets)
+        if input_type is RegressionInput:
+            return RegressionInput(self.output, self.targets)
+        if input_type is LossInput and self.loss is not None:
             return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
         return None
 

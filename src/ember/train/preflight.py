@@ -51,18 +51,21 @@ def check_validation(
     epoch: int,
     device: torch.device,
     autocast: Any,
+    evaluation: Any = torch.inference_mode,
 ) -> None:
     """Run one validation batch before training, so that a valid_step or a validation
     metric that cannot work fails now, not after an epoch. It runs on a copy of the
-    model, so state the model keeps across batches is untouched; RNGs are put back."""
+    model, so state the model keeps across batches is untouched; RNGs are put back.
+    `evaluation` is the context validation runs in; a sharded model, which cannot be
+    copied, runs it under `torch.no_grad` on the live model."""
     rng = capture_rng_state()
-    model = model_copy(model)
+    model = model if evaluation is torch.no_grad else model_copy(model)
     try:
         model.eval()
         hook = getattr(model, "on_split_start", None)
         if callable(hook):
             hook("valid")
-        with torch.inference_mode(), autocast():
+        with evaluation(), autocast():
             for batch in loader:
                 item = call_step(model.valid_step, to_device(batch, device), "valid_step", 0, 1)
                 processor.check("valid", item, epoch)

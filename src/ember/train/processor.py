@@ -8,8 +8,9 @@ the renderer. The loop never waits on an accelerator for a metric.
 from __future__ import annotations
 
 import logging
+import math
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -19,6 +20,8 @@ from ember.errors import EmberError, TrainingError
 from ember.train.logger.base import MetricLogger, MetricRecord
 from ember.train.metric.adapt import adapt
 from ember.train.metric.base import MetricMetadata, RegisteredMetric
+from ember.train.metric.inputs import LossInput
+from ember.train.metric.loss import LossMetric
 from ember.train.metric.state import MetricState, to_host
 from ember.train.renderer.base import MetricView, Progress, Renderer
 
@@ -52,6 +55,12 @@ class MetricsProcessor:
         self._started = 0.0
         self._next_tick = 0.0
         self._restore: tuple[list[dict[str, Any]], Any] | None = None
+        self._loss_state: MetricState | None = None
+        self._on_nonfinite: Callable[[int, int, float], None] | None = None
+        self.matrices: dict[str, list[list[int]]] = {}
+        """The count matrices of the split that ended last (matrix metrics such as the
+        confusion matrix), by metric name; under several processes, rank 0's covers
+        every rank's samples."""
 
     def start_split(
         self, split: str, epoch: int, num_iterations: int | None, first_iteration: int = 1
@@ -110,6 +119,27 @@ class MetricsProcessor:
         if split == self._split:
             self._apply_restore()
 
+    def watch_loss(
+        self, item: Any, loss: Any, on_nonfinite: Callable[[int, int, float], None]
+    ) -> bool:
+        """Let the training split's `LossMetric` stand guard: when it reads exactly `loss`
+        (the loss backpropagated), each of its values that reaches the host and is not
+        finite calls `on_nonfinite(epoch, iteration, value)`. True when one does."""
+        self._loss_state = None
+        self._on_nonfinite = None
+        for state in self.states.get("train", ()):
+            if type(state.metric) is LossMetric:
+                read = getattr(adapt(item, LossInput, state.name), "loss", None)
+                if read is loss:
+                    self._loss_state, self._on_nonfinite = state, on_nonfinite
+                    return True
+        return False
+
+    def _check_loss(self, state: MetricState, iteration: int, value: float) -> None:
+        if state is self._loss_state and not math.isfinite(value):
+            assert self._on_nonfinite is not None
+            self._on_nonfinite(self._epoch, iteration, value)
+
     def update(self, item: Any, iteration: int, batch_size: int, lr: float | None) -> None:
         """One step's output: update every metric of the current split (no host sync)."""
         self._iteration = iteration
@@ -129,6 +159,8 @@ class MetricsProcessor:
                     # tensors kept alive between ticks); device values wait for the tick.
                     if type(number) is Tensor and number.is_cpu:
                         number = _item(number, state.name)
+                        if state is self._loss_state:
+                            self._check_loss(state, iteration, number)
                     if type(weight) is Tensor and weight.is_cpu:
                         weight = _item(weight, state.name)
                     divisor = value.divisor
@@ -184,6 +216,8 @@ class MetricsProcessor:
                 else:
                     number = float(number)
                 weight = float(weight)
+                if state is self._loss_state:
+                    self._check_loss(state, iteration, number)
                 rows.append((number, weight))
                 records.append(MetricRecord(name, iteration, number, weight))
             state.pending.clear()
@@ -195,12 +229,17 @@ class MetricsProcessor:
         result = []
         for split, states in self.states.items():
             for state in states:
+                matrix = None
                 if final is not None and split == self._split:
                     value = final.get(state.name)
+                    counts = self.matrices.get(state.name)
+                    matrix = None if counts is None else tuple(tuple(row) for row in counts)
                 else:
                     value = state.running
                 result.append(
-                    MetricView(split, state.name, state.unit, state.numeric, state.last, value)
+                    MetricView(
+                        split, state.name, state.unit, state.numeric, state.last, value, matrix
+                    )
                 )
         return result
 
@@ -328,10 +367,15 @@ class MetricsProcessor:
         if dist is not None:
             self._merge_epoch_states(dist)
         aggregates: dict[str, float] = {}
+        self.matrices = {}
         for state in self.states.get(self._split, ()):
             value = state.epoch_value()
             if value is not None:
                 aggregates[state.name] = value
+            matrix = getattr(state.metric, "matrix", None)
+            counts = matrix() if callable(matrix) else None
+            if counts is not None:
+                self.matrices[state.name] = counts.tolist()
         if dist is not None:
             aggregates = dist.broadcast(aggregates)
         for logger in self.loggers.get(self._split, ()):

@@ -1,4 +1,5 @@
-"""The learner summary: each metric's lowest and highest epoch value, from the run history."""
+"""The learner summary: each metric's lowest and highest epoch value, from the run history,
+and the last epoch's count matrix of each matrix metric (confusion matrices)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,42 @@ class MetricSummary:
 
 
 @dataclass(frozen=True)
+class MatrixSummary:
+    """The last epoch's count matrix of a matrix metric (rows: targets, columns:
+    predictions)."""
+
+    split: str
+    name: str
+    epoch: int
+    counts: tuple[tuple[int, ...], ...]
+
+    def table(self) -> str:
+        """The counts as a plain-text table, target classes down, predicted across."""
+        size = len(self.counts)
+        header = ["target \\ predicted", *(str(k) for k in range(size))]
+        body = [[str(k), *(str(cell) for cell in row)] for k, row in enumerate(self.counts)]
+        widths = [max(len(row[i]) for row in [header, *body]) for i in range(size + 1)]
+
+        def line(cells: list[str]) -> str:
+            return "| " + " | ".join(c.rjust(w) for c, w in zip(cells, widths)) + " |"
+
+        rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+        title = f"{self.name} ({self.split}, epoch {self.epoch})"
+        return "\n".join([title, line(header), rule, *(line(row) for row in body)])
+
+
+def last_matrices(directory: str | os.PathLike[str]) -> tuple[MatrixSummary, ...]:
+    """Per split and matrix metric, its matrix of the latest epoch that saved one."""
+    artifacts = Artifacts(directory)
+    found: dict[tuple[str, str], MatrixSummary] = {}
+    for split in SPLITS:
+        for epoch, name, counts in artifacts.matrices(split):
+            rows = tuple(tuple(row) for row in counts)
+            found[(split, name)] = MatrixSummary(split, name, epoch, rows)
+    return tuple(found.values())
+
+
+@dataclass(frozen=True)
 class LearnerSummary:
     """What `ember summary DIR` prints: per split and metric, min and max epoch values."""
 
@@ -54,6 +91,7 @@ class LearnerSummary:
     model: str | None
     num_parameters: int | None
     metrics: tuple[MetricSummary, ...]
+    matrices: tuple[MatrixSummary, ...] = ()
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike[str]) -> LearnerSummary:
@@ -79,7 +117,7 @@ class LearnerSummary:
         if history.exists():
             saved = RunHistory.load(history)
             model, parameters = saved.model, saved.num_parameters
-        return cls(root, last_epoch, model, parameters, tuple(rows))
+        return cls(root, last_epoch, model, parameters, tuple(rows), last_matrices(root))
 
     def table(self) -> str:
         """A plain-text table, for terminals and experiment.log alike."""
@@ -110,4 +148,6 @@ class LearnerSummary:
             rule,
         ]
         lines += [line(row) for row in body]
+        for matrix in self.matrices:
+            lines += ["", matrix.table()]
         return "\n".join(lines)

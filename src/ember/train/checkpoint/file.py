@@ -15,10 +15,15 @@ from typing import Any, Callable
 import torch
 
 from ember.errors import TrainingError
-from ember.train.artifacts import checkpoint_epochs, checkpoint_path
+from ember.train.artifacts import (
+    checkpoint_epochs,
+    checkpoint_path,
+    checkpoint_shard_path,
+    checkpoint_shards,
+)
 from ember.train.checkpoint.base import PARTS
 from ember.train.checkpoint.strategy import CheckpointingStrategy, apply_retention
-from ember.train.checkpoint.writer import AsyncWriter, snapshot
+from ember.train.checkpoint.writer import AsyncWriter, Snapshots
 from ember.train.history import History
 
 log = logging.getLogger(__name__)
@@ -42,9 +47,44 @@ class FileCheckpointer:
         self.extension: str = recorder.file_extension
         self.strategy = strategy
         self._writer = AsyncWriter() if asynchronous else None
+        self._snapshots = Snapshots()
 
     def path(self, part: str, epoch: int) -> Path:
         return checkpoint_path(self.directory, part, epoch, self.extension)
+
+    def shard_path(self, part: str, epoch: int, rank: int) -> Path:
+        """Where one process's shard of a part goes in a sharded checkpoint (FSDP)."""
+        return checkpoint_shard_path(self.directory, part, epoch, rank, self.extension)
+
+    def save_shard(self, epoch: int, rank: int, parts: dict[str, Any]) -> None:
+        """Write this process's shard of each part of `epoch` now (`parts`: part name to
+        state tree of tensors on the CPU). The checkpoint is complete once rank 0 has
+        written its other parts, after every shard."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for part, tree in parts.items():
+            self.recorder.save(tree, self.shard_path(part, epoch, rank), kind="state")
+
+    def drop_shards(self, epoch: int) -> None:
+        """Before `epoch` is written whole over a checkpoint written in shards: remove
+        its last part, then the shards, which the new checkpoint does not use."""
+        shards = [
+            shard
+            for part in ("model", "optim")
+            for shard in checkpoint_shards(self.directory, part, epoch, self.extension)
+        ]
+        if shards:
+            self.path("scheduler", epoch).unlink(missing_ok=True)
+            for shard in shards:
+                shard.unlink(missing_ok=True)
+
+    def load_shard(self, epoch: int, part: str, rank: int) -> Any:
+        path = self.shard_path(part, epoch, rank)
+        if not path.exists():
+            raise TrainingError(
+                f"The shard {path.name} of the checkpoint of epoch {epoch} is missing from "
+                f"{self.directory}: the checkpoint is incomplete. Resume from another epoch."
+            )
+        return self.recorder.load(None, path)
 
     def save(
         self,
@@ -55,12 +95,18 @@ class FileCheckpointer:
         history: History = (),
         on_saved: Callable[[list[str]], None] | None = None,
     ) -> None:
-        """Snapshot the parts now; encode, write and apply retention in the background."""
+        """Snapshot the parts now; encode, write and apply retention in the background.
+
+        The snapshot waits for the previous write first (its host buffers are reused),
+        then for the copies of all three parts at once: one wait on an accelerator."""
+        self.wait()
+        take = self._snapshots.take
         parts = [
-            ("model", snapshot(model.state_dict()), "module"),
-            ("optim", snapshot(optimizer.state_dict()), _optimizer_kind(optimizer)),
-            ("scheduler", snapshot(state), "state"),
+            ("model", take("model", model.state_dict()), "module"),
+            ("optim", take("optim", optimizer.state_dict()), _optimizer_kind(optimizer)),
+            ("scheduler", take("scheduler", state), "state"),
         ]
+        self._snapshots.wait()
         history = list(history)
 
         def job() -> None:
@@ -128,6 +174,8 @@ class FileCheckpointer:
         """Remove every part of `epoch`, the scheduler part first (missing parts are fine)."""
         for part in ("scheduler", "model", "optim"):
             self.path(part, epoch).unlink(missing_ok=True)
+            for shard in checkpoint_shards(self.directory, part, epoch, self.extension):
+                shard.unlink(missing_ok=True)
 
 
 def _optimizer_kind(optimizer: Any) -> str:

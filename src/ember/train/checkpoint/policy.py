@@ -145,8 +145,7 @@ class CheckpointPolicy:
                 f"{saved_class}, or start a new run (LearnerBuilder(dir, overwrite=True))."
             )
         given = _settings(optimizer, optim.lr.scheduler)
-        self.checkpointer.load(saved_epoch, "model", model)
-        self.checkpointer.load(saved_epoch, "optim", optimizer)
+        self._load_weights(saved_epoch, model, optimizer, dist, learner.get("shards"))
         callback_notes = optim.load_state_dict(state) or []
         saved = _settings(optimizer, optim.lr.scheduler)
         ranks = learner.get("rng_ranks")
@@ -204,6 +203,12 @@ class CheckpointPolicy:
             learner["metric_states"] = (
                 dist.all_gather(metric_states) if dist is not None else [metric_states]
             )
+        optimizer = optim.optimizer
+        sharding = getattr(dist, "sharding", None)
+        if sharding is not None:  # the ranks send their shards to rank 0, or write them
+            model, optimizer, shards = sharding.states(self.checkpointer, position.epoch)
+            if shards is not None:
+                learner["shards"] = shards
         if dist is not None:
             learner["rng_ranks"] = dist.all_gather(rng)
             if not dist.main:
@@ -225,7 +230,7 @@ class CheckpointPolicy:
             history.set_checkpoints(kept)
 
         try:
-            checkpointer.save(position.epoch, model, optim.optimizer, state, on_saved=saved)
+            checkpointer.save(position.epoch, model, optimizer, state, on_saved=saved)
             if not position.complete:
                 checkpointer.wait()
         except Exception as error:
@@ -329,12 +334,44 @@ class CheckpointPolicy:
                 "NaN). Use MetricCheckpointingStrategy(metric) to keep the best epoch; the "
                 "trained weights are in the last checkpoint."
             )
-        self.checkpointer.load(best, "model", model)
+        shards = self.checkpointer.load(best, "scheduler", None)["learner"].get("shards")
+        self._load_weights(best, model, None, dist, shards)
         log.info(
             "Restored the weights of epoch %d, best by the checkpointing strategy (keeps %s).",
             best,
             self.strategy,
         )
+
+    def _load_weights(
+        self, epoch: int, model: Any, optimizer: Any, dist: Any, shards: int | None = None
+    ) -> None:
+        """Load the model (and the optimizer, if given) of `epoch`; a sharded model has
+        them read on rank 0 and sent to every rank's shards. A checkpoint written in
+        `shards` by that many processes loads each rank's own shards."""
+        checkpointer = self.checkpointer
+        assert checkpointer is not None
+        sharding = getattr(dist, "sharding", None)
+        if shards is not None:
+            world = dist.world if dist is not None else 1
+            if sharding is None or world != shards:
+                how = "FSDP" if sharding is not None else "DDP" if dist is not None else "one"
+                raise TrainingError(
+                    f"The checkpoint of epoch {epoch} was written in shards by {shards} FSDP "
+                    f"processes (sharded_checkpoints=True), and this run has {world} "
+                    f"({how}{' process' if how == 'one' else ''}): it resumes only on "
+                    f"{shards} processes with devices(..., strategy='fsdp'). Resume with "
+                    f"{shards} processes, or from a checkpoint written without "
+                    "sharded_checkpoints."
+                )
+            sharding.load_shards(checkpointer, epoch, with_optimizer=optimizer is not None)
+            return
+        if sharding is not None:
+            read = lambda epoch, part: checkpointer.load(epoch, part, None)
+            sharding.load(read, epoch, with_optimizer=optimizer is not None)
+            return
+        checkpointer.load(epoch, "model", model)
+        if optimizer is not None:
+            checkpointer.load(epoch, "optim", optimizer)
 
 
 _NOT_SETTINGS = ("params", "initial_lr")

@@ -3,22 +3,62 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import threading
 from typing import Any, Callable
 
 import torch
 
 
-def snapshot(tree: Any) -> Any:
-    """A deep copy of a state tree with every tensor copied to the CPU, detached."""
-    # Imported here: `import ember.train` stays free of ember.record (and msgpack).
-    from ember.record.tree import map_tensors
+class Snapshots:
+    """Copies state trees to the host for a background write, waiting once for them all.
 
-    return map_tensors(tree, _to_cpu, copy.deepcopy)
+    A CUDA tensor is copied without blocking into a pinned host buffer kept from the
+    previous snapshot (reused while its shape and dtype stay the same, so a run
+    allocates its pinned memory once: the size of the state); `wait()` then waits once
+    per device for every copy. A CPU tensor is copied plainly; a tensor on another
+    device is copied to the CPU as it comes. The buffers are overwritten by the next
+    snapshot: take it only once the write of the previous one is done.
+    """
 
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, int], torch.Tensor] = {}
+        self._used: set[tuple[str, int]] = set()
+        self._streams: dict[torch.device, Any] = {}
 
-def _to_cpu(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().to("cpu", copy=True)
+    def take(self, part: str, tree: Any) -> Any:
+        """A deep copy of `tree` (named `part` among the trees of one snapshot) with its
+        tensors copied to the host; valid once `wait()` returns."""
+        # Imported here: `import ember.train` stays free of ember.record (and msgpack).
+        from ember.record.tree import map_tensors
+
+        count = itertools.count()
+
+        def to_host(tensor: torch.Tensor) -> torch.Tensor:
+            tensor = tensor.detach()
+            if tensor.device.type != "cuda":
+                return tensor.to("cpu", copy=True)
+            key = (part, next(count))
+            buffer = self._buffers.get(key)
+            if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+                buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                self._buffers[key] = buffer
+            self._used.add(key)
+            buffer.copy_(tensor, non_blocking=True)
+            self._streams.setdefault(tensor.device, torch.cuda.current_stream(tensor.device))
+            return buffer
+
+        return map_tensors(tree, to_host, copy.deepcopy)
+
+    def wait(self) -> None:
+        """Wait for the copies of the trees taken since the last wait (once per device);
+        free the buffers this snapshot did not use."""
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream.synchronize()
+        for key in [key for key in self._buffers if key not in self._used]:
+            del self._buffers[key]
+        self._used = set()
 
 
 class AsyncWriter:

@@ -13,6 +13,7 @@ __getattr__, __dir__, __all__ = attach(
         "MetricLogger": "ember.train.logger.base",
         "MetricRecord": "ember.train.logger.base",
         "MlflowMetricLogger": "ember.train.logger.mlflow_logger",
+        "WandbMetricLogger": "ember.train.logger.wandb_logger",
         "RunStart": "ember.train.logger.base",
         "TensorBoardMetricLogger": "ember.train.logger.tensorboard_logger",
         "metric_file_name": "ember.train.logger.file",
@@ -29,3 +30,4 @@ if TYPE_CHECKING:
     from ember.train.logger.memory import InMemoryMetricLogger
     from ember.train.logger.mlflow_logger import MlflowMetricLogger, mlflow_key
     from ember.train.logger.tensorboard_logger import TensorBoardMetricLogger
+    from ember.train.logger.wandb_logger import WandbMetricLogger

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 
@@ -50,12 +50,17 @@ class RunStart:
     this run, so a logger that keeps its output drops it (see `keeps`). `processes`
     is the number of processes that train: under several, each iteration's value of a
     metric arrives once per process, every copy with the same iteration number.
+    `hparams` are the run's hyperparameters (`LearnerBuilder.hparams`, as JSON-ready
+    values; None when none were given) and `artifact_dir` the run's artifact
+    directory, where a logger may keep what it needs to continue a resumed run.
     """
 
     epoch: int = 1
     iteration: int = 0
     resumed: bool = False
     processes: int = 1
+    hparams: Mapping[str, Any] | None = field(default=None, compare=False)
+    artifact_dir: str | None = None
 
     def keeps(self, split: str, epoch: int, iteration: int | None = None) -> bool:
         """Whether a value logged before this run stays: an iteration value of

@@ -79,7 +79,9 @@ class MlflowMetricLogger:
     `close()`. Keys pass through `mlflow_key`: `"valid/Accuracy (top-1)"` is stored as
     `"valid/Accuracy _top-1_"`. Params (an ember `Config` or a dict) are flattened by
     `flatten_params`; when attaching, params the run already holds with the same value
-    are skipped and a changed value is an error. `close()` ends the run as FINISHED, once.
+    are skipped and a changed value is an error. The run's hyperparameters
+    (`LearnerBuilder.hparams`) are logged as params too when training starts.
+    `close()` ends the run as FINISHED, once.
 
     The run's tag `ember.steps` holds the number of iterations of each finished epoch
     per split, so that a resumed run attached with `run_id` (`start_run`) places its
@@ -173,6 +175,21 @@ class MlflowMetricLogger:
         for start in range(0, len(new), PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=new[start : start + PARAMS_PER_BATCH])
 
+    def _log_hparams(self, params: dict[str, str]) -> None:
+        """The run's hyperparameters (`LearnerBuilder.hparams`) as params: those the
+        MLflow run lacks are logged; one it holds with another value cannot change,
+        which a warning names."""
+        existing = dict(self.client.get_run(self.run_id).data.params)
+        changed = sorted(k for k, v in params.items() if k in existing and existing[k] != v)
+        if changed:
+            log.warning(
+                "MLflow run %s keeps its earlier values of params %s (MLflow params cannot "
+                "change); hparams.json in the artifact directory holds this run's.",
+                self.run_id,
+                ", ".join(changed),
+            )
+        self._log_params({k: v for k, v in params.items() if k not in changed}, existing)
+
     def _key(self, split: str, name: str, epoch_level: bool) -> str:
         cache = (split, name, epoch_level)
         key = self._keys.get(cache)
@@ -209,6 +226,8 @@ class MlflowMetricLogger:
             return  # told twice before logging anything
         self._run = run
         self._merge = ProcessMerge(run.processes)
+        if run.hparams is not None:
+            self._log_hparams(flatten_params(run.hparams))
         if not run.resumed:
             return
         data = self.client.get_run(self.run_id).data

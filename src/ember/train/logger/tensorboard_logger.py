@@ -44,6 +44,11 @@ class TensorBoardMetricLogger:
     point at the iteration's step: their weighted mean. The other processes' values
     reach this logger when the processes exchange them (at each split's epoch end and
     when a run stops), so an epoch's points are written then.
+
+    A run given hyperparameters (`LearnerBuilder.hparams`) writes them when it ends,
+    with its final epoch values (the last `split/epoch/name` scalars), for the
+    HPARAMS tab: launch TensorBoard on the folder holding several runs' `log_dir`s to
+    compare them in one table.
     """
 
     def __init__(self, log_dir: str | os.PathLike[str]) -> None:
@@ -54,6 +59,8 @@ class TensorBoardMetricLogger:
         self._merge = ProcessMerge()
         self._run: RunStart | None = None
         self._saved_steps: str | None = None
+        self._hparams: dict[str, Any] | None = None
+        self._final: dict[str, dict[str, float]] = {}
 
     def _open(self) -> Any:
         if self._writer is None:
@@ -68,6 +75,8 @@ class TensorBoardMetricLogger:
         self.close()
         self._run = run
         self._merge = ProcessMerge(run.processes)
+        self._hparams = _hparam_values(run.hparams) if run.hparams is not None else None
+        self._final = {}
         if self.log_dir.is_dir():
             _finish_interrupted_rewrite(self.log_dir)
         if not run.resumed:
@@ -99,6 +108,8 @@ class TensorBoardMetricLogger:
         self._save_steps()
 
     def _keeps(self, run: RunStart, tag: str, step: int) -> bool:
+        if tag.startswith(_HPARAMS_TAGS):
+            return False  # the resumed run writes its hyperparameters again when it ends
         split, _, name = tag.partition("/")
         if not name or split not in ("train", "valid"):
             return True
@@ -124,6 +135,7 @@ class TensorBoardMetricLogger:
         writer = self._open()
         for name, value in aggregates.items():
             writer.add_scalar(f"{split}/epoch/{name}", float(value), epoch)
+        self._final[split] = {f"{split}/epoch/{name}": float(v) for name, v in aggregates.items()}
         writer.flush()
         self._save_steps()
 
@@ -133,10 +145,23 @@ class TensorBoardMetricLogger:
         self._run = None
         for split, epoch, record in self._merge.release():
             self._scalar(split, epoch, record)
+        if self._hparams is not None:
+            self._write_hparams(self._hparams)
+            self._hparams = None
         if self._writer is not None:
             self._writer.close()
             self._writer = None
             self._save_steps()
+
+    def _write_hparams(self, hparams: dict[str, Any]) -> None:
+        """The run's hyperparameters and its final epoch values, for TensorBoard's
+        HPARAMS table: the values are those of the `split/epoch/name` scalars."""
+        from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+        final = {tag: value for values in self._final.values() for tag, value in values.items()}
+        writer = self._open().file_writer
+        for summary in hparams_summary(hparams, final):
+            writer.add_summary(summary)
 
     def _save_steps(self) -> None:
         text = self._steps.to_text()
@@ -146,6 +171,22 @@ class TensorBoardMetricLogger:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(self.log_dir / STEPS_FILE, text.encode("utf-8"))
             self._saved_steps = text
+
+
+_HPARAMS_TAGS = ("_hparams_/",)
+
+
+def _hparam_values(hparams: Any) -> dict[str, Any]:
+    """Flattened hyperparameters as TensorBoard takes them: numbers, bools and text
+    (a list or None becomes its JSON text)."""
+    import json
+
+    from ember.train.run_record import flatten_hparams
+
+    return {
+        key: value if isinstance(value, (bool, int, float, str)) else json.dumps(value)
+        for key, value in flatten_hparams(hparams).items()
+    }
 
 
 def _event_files(directory: Path) -> list[Path]:

@@ -97,9 +97,12 @@ class AurocMetric:
     higher_is_better = True
     input_type = ScoresInput
 
+    _area = staticmethod(rank_auroc)
+    _who = _WHO
+
     def __init__(self, *, from_logits: bool = False) -> None:
         self.from_logits = from_logits
-        self._probabilities = Probabilities(from_logits, "AurocMetric()")
+        self._probabilities = Probabilities(from_logits, f"{type(self).__name__}()")
         self._checks = FirstBatch()
         self._scores: list[torch.Tensor] = []
         self._positive: list[torch.Tensor] = []
@@ -109,7 +112,7 @@ class AurocMetric:
         scores, positive, valid = self._columns(input)
         if self._scores and self._scores[0].shape[1] != scores.shape[1]:
             raise TrainingError(
-                f"{_WHO} ranks {self._scores[0].shape[1]} score columns this epoch, but a "
+                f"{self._who} ranks {self._scores[0].shape[1]} score columns this epoch, but a "
                 f"batch has outputs {dims(input.output.shape)} with {scores.shape[1]}: every "
                 "batch needs the same number of output columns."
             )
@@ -118,7 +121,7 @@ class AurocMetric:
         self._positive.append(positive)
         self._valid.append(valid)
         weight: Number = int(scores.shape[0]) if valid is None else valid.sum()
-        return MetricValue(rank_auroc(scores, positive, valid), weight)
+        return MetricValue(self._area(scores, positive, valid), weight)
 
     def epoch_value(self) -> torch.Tensor | float:
         """The AUROC of every sample seen since the last `clear()`."""
@@ -134,7 +137,7 @@ class AurocMetric:
                     for v, s in zip(self._valid, self._scores)
                 ]
             )
-        return rank_auroc(scores, positive, valid, wide_float(scores.device))
+        return self._area(scores, positive, valid, wide_float(scores.device))
 
     def clear(self) -> None:
         self._scores, self._positive, self._valid = [], [], []
@@ -163,28 +166,28 @@ class AurocMetric:
         output, targets = input.output.detach(), input.targets
         checks = self._checks
         if input.multilabel:
-            check_same_shape(_WHO, _MULTILABEL, output, targets)
+            check_same_shape(self._who, _MULTILABEL, output, targets)
             self._check_range(output, None)
-            add_unit_range(checks, _WHO, targets, hint=_CLASSES_HINT)
+            add_unit_range(checks, self._who, targets, hint=_CLASSES_HINT)
             # A copy: the stored scores must outlive a reused output buffer.
             return output.to(torch.float32, copy=True), targets > 0.5, None
         if output.dim() == 1 or (output.dim() == 2 and output.shape[-1] in (1, 2)):
-            targets = check_binary(_WHO, _BINARY, output, targets)
+            targets = check_binary(self._who, _BINARY, output, targets)
         elif output.dim() == 2:
-            check_classes(_WHO, _SINGLE, output, targets)
+            check_classes(self._who, _SINGLE, output, targets)
         valid = None if input.pad_token is None else targets != input.pad_token
         if output.dim() == 1 or (output.dim() == 2 and output.shape[-1] == 1):
             self._check_range(output.reshape(-1), valid)
-            add_unit_range(checks, _WHO, targets, valid, hint=_BINARY_HINT)
+            add_unit_range(checks, self._who, targets, valid, hint=_BINARY_HINT)
             scores = output.reshape(-1, 1).to(torch.float32, copy=True)
             positive = (targets > 0.5).reshape(-1, 1)
         elif output.dim() == 2 and output.shape[-1] == 2:
-            add_unit_range(checks, _WHO, targets, valid, hint=_BINARY_HINT)
+            add_unit_range(checks, self._who, targets, valid, hint=_BINARY_HINT)
             # softmax(x)[1] = sigmoid(x1 - x0): the difference ranks like the probability.
             scores = (output[:, 1] - output[:, 0]).unsqueeze(-1).float()
             positive = (targets > 0.5).unsqueeze(-1)
         elif output.dim() == 2:
-            add_class_range(checks, _WHO, output, targets, valid)
+            add_class_range(checks, self._who, output, targets, valid)
             output = output.float()
             if self.from_logits:
                 scores = output.softmax(dim=-1)
@@ -195,7 +198,7 @@ class AurocMetric:
             positive = targets.unsqueeze(-1) == classes
         else:
             raise TrainingError(
-                f"{_WHO} reads {_SINGLE}; got outputs {dims(output.shape)} and targets "
+                f"{self._who} reads {_SINGLE}; got outputs {dims(output.shape)} and targets "
                 f"{dims(targets.shape)}: flatten sequences (outputs.view(-1, C), "
                 "targets.view(-1))."
             )

@@ -65,3 +65,20 @@ class ScoresInput:
     targets: torch.Tensor
     multilabel: bool = False
     pad_token: int | None = None
+
+
+@dataclass
+class TextInput:
+    """Generated texts and their references, one pair per sample, as strings."""
+
+    predictions: list[str]
+    references: list[str]
+
+
+@dataclass
+class ImageInput:
+    """Predicted images and target images [N, C, H, W] (or, for segmentation, class
+    scores [N, C, H, W] and class-index targets [N, H, W])."""
+
+    output: torch.Tensor
+    targets: torch.Tensor

@@ -1,4 +1,4 @@
-"""Host and device resource metrics: CPU use, CPU memory and CUDA memory.
+"""Host and device resource metrics: CPU use, memory and temperature, CUDA memory.
 
 They read no output (`input_type = object`), weigh every iteration 1, and query the
 host only (never the accelerator's stream), so they add no synchronisation. CPU
@@ -232,6 +232,74 @@ class CudaMemoryMetric:
         else:
             used = torch.cuda.memory_reserved(self.device)
         return MetricValue(used / _GB, 1)
+
+    def clear(self) -> None:
+        pass
+
+
+def _hottest_cpu_sensor(psutil: Any) -> float | None:
+    """The highest current reading of the CPU's temperature sensors in °C (None when
+    the platform reports none)."""
+    read = getattr(psutil, "sensors_temperatures", None)  # Linux and FreeBSD only
+    if read is None:
+        return None
+    try:
+        sensors = read()
+    except (OSError, RuntimeError):
+        return None
+    if not sensors:
+        return None
+    # CPU package sensors first (Intel coretemp, AMD k10temp, ARM cpu_thermal); any
+    # other sensor only when the platform names none of these.
+    cpu = [name for name in sensors if name in _CPU_SENSORS or "cpu" in name.lower()]
+    readings = [
+        entry.current
+        for name in (cpu or list(sensors))
+        for entry in sensors[name]
+        if isinstance(entry.current, (int, float)) and math.isfinite(entry.current)
+    ]
+    return float(max(readings)) if readings else None
+
+
+_CPU_SENSORS = ("coretemp", "k10temp", "zenpower", "cpu_thermal", "cpu-thermal", "acpitz")
+
+
+class CpuTemperatureMetric:
+    """The CPU's temperature in °C: the hottest of its sensors (`psutil`'s
+    `sensors_temperatures()`), read at most every `interval` seconds.
+
+    Where the platform reports no temperature (macOS, Windows, most containers and
+    virtual machines) or psutil is not installed, the value is the text
+    "unavailable" (a text-only metric), never an error.
+    """
+
+    unit = "°C"
+    higher_is_better = None
+    input_type = object
+
+    def __init__(self, interval: float = 1.0, *, name: str | None = None) -> None:
+        if not isinstance(interval, (int, float)) or not interval >= 0:
+            raise ConfigError(
+                f"CpuTemperatureMetric: interval must be a number >= 0, got {interval!r}."
+            )
+        self.name = name if name is not None else "CPU Temperature"
+        self.interval = float(interval)
+        self._checked = -math.inf
+        self._value: float | None = None
+
+    def read(self) -> float | None:
+        """The current temperature (None when unavailable)."""
+        psutil = _psutil()
+        return None if psutil is None else _hottest_cpu_sensor(psutil)
+
+    def update(self, input: Any, meta: MetricMetadata) -> MetricValue:
+        now = time.perf_counter()
+        if now - self._checked >= self.interval:
+            self._value = self.read()
+            self._checked = now
+        if self._value is None:
+            return MetricValue("unavailable", 1)
+        return MetricValue(self._value, 1)
 
     def clear(self) -> None:
         pass

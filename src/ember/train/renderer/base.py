@@ -55,6 +55,9 @@ class MetricView:
     numeric: bool
     last: float | str | None
     epoch_value: float | None
+    matrix: tuple[tuple[int, ...], ...] | None = None
+    """A matrix metric's counts (rows: targets, columns: predictions) of the epoch that
+    ended, in the views given to `end_split`; None otherwise."""
 
 
 @runtime_checkable

@@ -374,6 +374,10 @@ def plot_panel(snapshot: Snapshot, width: int, height: int) -> list[Line]:
             (f" · {view_title(snapshot)}", ""),
         ]
         chart_h = inner_h - 1
+        if snapshot.matrices:  # a matrix metric: its latest counts, as a table
+            title[-1] = (" · counts of the last epoch", "")
+            body = matrix_tables(snapshot, inner_w, inner_h)
+            return box(title, body, width, height, subtitle="◀ ▶ metric")
         if snapshot.view == "epochs":
             chart = _epochs_chart(snapshot, inner_w, chart_h)
         elif snapshot.view == "recent":
@@ -382,6 +386,43 @@ def plot_panel(snapshot: Snapshot, width: int, height: int) -> list[Line]:
             chart = _history_chart(snapshot, inner_w, chart_h)
         body = [_legend(snapshot), *chart]
     return box(title, body, width, height, subtitle="◀ ▶ metric · ▲ ▼ view")
+
+
+def matrix_tables(snapshot: Snapshot, width: int, height: int) -> list[Line]:
+    """The selected matrix metric's latest count matrix per split (rows: target classes,
+    columns: predicted classes), side by side when they fit, clipped to the panel."""
+    tables: list[list[Line]] = []
+    for split in ("train", "valid"):
+        found = snapshot.matrices.get(split)
+        if found is None:
+            continue
+        epoch, counts = found
+        size = len(counts)
+        cell = max(
+            [len(str(k)) for k in range(size)] + [len(str(c)) for row in counts for c in row]
+        )
+        lines: list[Line] = [
+            [(f"{split}, epoch {epoch}: target ↓ predicted →", SPLIT_STYLES[split])]
+        ]
+        head = " " * (cell + 2) + " ".join(str(k).rjust(cell) for k in range(size))
+        lines.append([(head, "dim")])
+        for k, row in enumerate(counts):
+            line: Line = [(str(k).rjust(cell) + "  ", "dim")]
+            for column, count in enumerate(row):
+                style = "bold" if column == k else ("" if count else "dim")
+                line.append((str(count).rjust(cell) + " ", style))
+            lines.append(line)
+        tables.append(lines)
+    if len(tables) == 2:
+        wide = max(cell_len("".join(t for t, _ in line)) for line in tables[0]) + 3
+        if wide + max(cell_len("".join(t for t, _ in line)) for line in tables[1]) <= width:
+            left = [fit(line, wide) for line in tables[0]]
+            left += [[(" " * wide, "")]] * (len(tables[1]) - len(left))
+            right = tables[1] + [[]] * (len(left) - len(tables[1]))
+            tables = [beside(left, right)]
+    lines = [line for table in tables for line in [*table, []]][:height]
+    lines = [fit(line, width) for line in lines]
+    return lines + blank(width, height - len(lines))
 
 
 def _legend(snapshot: Snapshot) -> Line:

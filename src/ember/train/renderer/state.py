@@ -42,6 +42,9 @@ class Snapshot:
     """The selected metric's finished epoch values per split."""
     last_epoch_values: dict[tuple[str, str], float] = field(default_factory=dict)
     """Every metric's latest finished epoch value, by (split, name)."""
+    matrices: dict[str, tuple[int, tuple[tuple[int, ...], ...]]] = field(default_factory=dict)
+    """The selected metric's latest finished count matrix per split, with its epoch
+    (matrix metrics such as the confusion matrix)."""
     elapsed: float = 0.0
     fraction: float | None = None
     eta: float | None = None
@@ -106,6 +109,8 @@ class RunTracker:
         self.views: tuple[MetricView, ...] = ()
         self.histories: dict[tuple[str, str], History] = {}
         self.epoch_values: dict[tuple[str, str], dict[int, float]] = {}
+        self.matrices: dict[tuple[str, str], tuple[int, tuple[tuple[int, ...], ...]]] = {}
+        """The latest finished count matrix of each matrix metric, by (split, name)."""
         self.names: list[str] = []
         self._text: set[str] = set()
         """Metrics registered as text only (shown, never plotted)."""
@@ -149,6 +154,8 @@ class RunTracker:
             if view.split == progress.split and isinstance(view.epoch_value, (int, float)):
                 key = (view.split, view.name)
                 self.epoch_values.setdefault(key, {})[progress.epoch] = float(view.epoch_value)
+            if view.split == progress.split and view.matrix is not None:
+                self.matrices[(view.split, view.name)] = (progress.epoch, view.matrix)
 
     def end(self, reason: str) -> None:
         """The run ended (`reason`: completed, stopped: ..., failed, interrupted)."""
@@ -268,6 +275,9 @@ class RunTracker:
             histories=histories,
             epoch_values=epochs,
             last_epoch_values=last,
+            matrices={
+                split: found for (split, name), found in self.matrices.items() if name == selected
+            },
             elapsed=elapsed,
             fraction=fraction,
             eta=eta,

@@ -1,0 +1,1 @@
+"""Integrations with other tools, each imported only when used (`ember.integrations.optuna`)."""

@@ -1,0 +1,291 @@
+"""The FSDP strategy: several CPU processes (gloo) that each hold a shard of the model,
+started by ember (tests/scripts/train_ddp.py --strategy fsdp); and its checks, in this
+process."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from ember_testing import load_example
+from torch import nn
+
+from ember.data import DataLoaderBuilder
+from ember.errors import ConfigError, TrainingError
+from ember.optim import AdamConfig
+from ember.record import DefaultRecorder
+from ember.train import LearnerBuilder
+from ember.train.batches import BatchPlanner
+from ember.train.parallel import FsdpOptions
+from ember.train.parallel.fsdp import _by_index, _by_name, units
+
+SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
+# two hidden blocks (FSDP units), Adam (sharded state), accumulation and clipping
+TASK = ("--mlp", "--adam", "--accumulate", "2", "--clip", "0.5", "--epochs", "2")
+
+
+def start(directory: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(directory), *TASK, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 240) -> str:
+    _, stderr = process.communicate(timeout=timeout)
+    assert process.returncode == 0, stderr
+    return stderr
+
+
+def final(directory: Path) -> dict[str, torch.Tensor]:
+    return DefaultRecorder().load(None, directory / "final")
+
+
+def epoch_means(directory: Path, split: str, epoch: int, name: str) -> float:
+    rows = [
+        tuple(map(float, line.split(",")))
+        for line in (directory / split / f"epoch-{epoch}" / f"{name}.log").read_text().splitlines()
+    ]
+    return sum(v * w for v, w in rows) / sum(w for _, w in rows)
+
+
+@pytest.mark.slow
+def test_fsdp_ddp_and_one_process_train_alike_at_the_same_global_batch(tmp_path):
+    runs = {
+        "one": start(tmp_path / "one", "--processes", "1", "--batch", "32"),
+        "ddp": start(tmp_path / "ddp", "--processes", "2", "--batch", "16"),
+        "fsdp": start(tmp_path / "fsdp", "--processes", "2", "--batch", "16", "--strategy", "fsdp"),
+    }
+    for process in runs.values():
+        finish(process)
+    reference = final(tmp_path / "one")
+    for name in ("ddp", "fsdp"):
+        weights = final(tmp_path / name)
+        assert weights.keys() == reference.keys()
+        for key, value in reference.items():
+            torch.testing.assert_close(weights[key], value, rtol=1e-5, atol=1e-5)
+        for split in ("train", "valid"):
+            for epoch in (1, 2):
+                ours = epoch_means(tmp_path / name, split, epoch, "Loss")
+                assert abs(ours - epoch_means(tmp_path / "one", split, epoch, "Loss")) < 1e-5
+    log = (tmp_path / "fsdp" / "experiment.log").read_text()
+    assert "Training Linear (467 parameters)" in log
+    assert (
+        "2 processes (gloo), rank 0 writes the artifacts, parameters sharded (FSDP; units: Block)"
+        in log
+    )
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_fsdp_on_two_gpus_trains_as_ddp_and_its_checkpoint_resumes_on_one(tmp_path):
+    gpus = ("--processes", "2", "--batch", "16", "--device", "cuda")
+    fsdp = start(tmp_path / "fsdp", *gpus, "--strategy", "fsdp")
+    finish(start(tmp_path / "ddp", *gpus))
+    finish(fsdp)
+    reference = final(tmp_path / "ddp")
+    for key, value in final(tmp_path / "fsdp").items():  # NCCL sums in its own order
+        torch.testing.assert_close(value, reference[key], rtol=1e-4, atol=1e-5)
+    assert "2 processes (nccl)" in (tmp_path / "fsdp" / "experiment.log").read_text()
+    args = ("--processes", "1", "--batch", "32", "--device", "cuda", "--epochs", "3", "--resume")
+    finish(start(tmp_path / "fsdp", *args))  # the whole state, gathered from the GPUs
+    assert (
+        "Resumed from the checkpoint of epoch 2."
+        in (tmp_path / "fsdp" / "experiment.log").read_text()
+    )
+
+
+def stop_mid_epoch(directory: Path, events: Path, *args: str) -> subprocess.Popen[str]:
+    """Start a 2-process FSDP run whose steps are slowed down (SIGTERM it with `stop`)."""
+    fsdp = ("--processes", "2", "--strategy", "fsdp", "--slow", "0.15")
+    return start(directory, *fsdp, "--events", str(events), *args)
+
+
+def stop(runs: list[tuple[subprocess.Popen[str], Path]]) -> None:
+    """SIGTERM each run after rank 0's third step (of 7 in epoch 1), watching them all at
+    once; each checkpoints and exits."""
+    deadline = time.monotonic() + 120
+    waiting = list(runs)
+    while waiting:
+        for run, events in list(waiting):
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1]
+            if events.exists() and events.read_text().count("step 0") >= 3:
+                run.send_signal(signal.SIGTERM)
+                waiting.remove((run, events))
+        time.sleep(0.05)
+    for run, _ in runs:
+        _, stderr = run.communicate(timeout=120)
+        assert run.returncode == 128 + signal.SIGTERM, stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shards", [False, True], ids=["whole", "sharded"])
+def test_a_stopped_fsdp_run_resumes_exactly_and_on_one_process_if_whole(tmp_path, shards):
+    option = ("--sharded-checkpoints",) if shards else ()
+    straight = start(tmp_path / "straight", "--processes", "2", "--strategy", "fsdp")
+    stopped, events = tmp_path / "stopped", tmp_path / "events"
+    stop([(stop_mid_epoch(stopped, events, *option), events)])
+    scheduler = DefaultRecorder().load(None, stopped / "checkpoint" / "scheduler-1")
+    assert 0 < scheduler["learner"]["iteration"] < 7
+    written = sorted(p.name for p in (stopped / "checkpoint").iterdir())
+    if shards:  # the model and optim parts are an index; each rank wrote its shards
+        assert written == [
+            f"{part}-1{rank}.mpk"
+            for part in ("model", "optim")
+            for rank in ("", ".rank-0", ".rank-1")
+        ] + ["scheduler-1.mpk"]
+    else:  # the whole model is in the checkpoint: it loads into the plain module
+        assert written == ["model-1.mpk", "optim-1.mpk", "scheduler-1.mpk"]
+        script = load_example(SCRIPT, "train_ddp_script")
+        plain = script.Linear(argparse.Namespace(mlp=True))
+        path = stopped / "checkpoint" / "model-1"
+        DefaultRecorder().load(plain, path)
+        state = DefaultRecorder().load(None, path)
+        assert state.keys() == plain.state_dict().keys()
+        for key, value in plain.state_dict().items():
+            assert torch.equal(value, state[key])
+
+    # same world size: bit for bit; one process: within float rounding from a whole
+    # checkpoint, refused from a sharded one
+    alone = tmp_path / "alone"
+    shutil.copytree(stopped, alone)
+    resumed = start(stopped, "--processes", "2", "--strategy", "fsdp", "--resume", *option)
+    single = start(alone, "--processes", "1", "--batch", "32", "--resume")
+    finish(resumed), finish(straight)
+    expected = final(tmp_path / "straight")
+    for key, value in final(stopped).items():
+        assert torch.equal(value, expected[key]), key
+    log = (stopped / "experiment.log").read_text()
+    assert "Resumed from the checkpoint of epoch 1, iteration" in log
+    if not shards:
+        finish(single)
+        for key, value in final(alone).items():
+            torch.testing.assert_close(value, expected[key], rtol=1e-5, atol=1e-5)
+        return
+    _, stderr = single.communicate(timeout=120)
+    assert single.returncode == 1
+    assert (
+        "The checkpoint of epoch 1 was written in shards by 2 FSDP processes "
+        "(sharded_checkpoints=True), and this run has 1 (one process): it resumes only on 2 "
+        "processes with devices(..., strategy='fsdp')."
+    ) in stderr
+    # each checkpoint kept has its shards, and no other shard is left
+    names = sorted(p.name for p in (stopped / "checkpoint").iterdir())
+    assert [n for n in names if ".rank-" in n] == [
+        f"{part}-{epoch}.rank-{rank}.mpk"
+        for part in ("model", "optim")
+        for epoch in (1, 2)
+        for rank in (0, 1)
+    ], names
+
+
+# Choosing the strategy, in this process ------------------------------------------------
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+        self.norm = nn.LayerNorm(4)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(2, 200)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(4, 1)
+
+    def train_step(self, batch):  # pragma: no cover - never trained here
+        raise NotImplementedError
+
+
+def test_strategy_errors_name_the_fix():
+    builder = LearnerBuilder("unused")
+    with pytest.raises(ConfigError, match=r"takes 'ddp' .* or 'fsdp' .*, got 'zero3'"):
+        builder.devices(["cpu", "cpu"], strategy="zero3")
+    with pytest.raises(
+        ConfigError, match="shards the model over several processes, but this run has one"
+    ):
+        builder.devices(["cpu"], strategy="fsdp")
+    with pytest.raises(
+        ConfigError,
+        match="mixed_precision, which are options of the FSDP strategy: add strategy='fsdp'",
+    ):
+        builder.devices(["cpu", "cpu"], mixed_precision="bf16")
+    with pytest.raises(
+        ConfigError, match="unknown option 'reshard'. FSDP options: modules, min_params"
+    ):
+        builder.devices(["cpu", "cpu"], strategy="fsdp", reshard=True)
+    with pytest.raises(ConfigError, match="takes 'bf16'"):
+        builder.devices(["cpu", "cpu"], strategy="fsdp", mixed_precision="fp8")
+    with pytest.raises(ConfigError, match=r"modules=...\) takes torch.nn.Module classes"):
+        FsdpOptions(modules=["Block"])  # type: ignore[list-item]
+    with pytest.raises(ConfigError, match="in one place"):
+        builder.devices(["cpu", "cpu"], strategy=FsdpOptions(), min_params=10)
+    chosen = builder.devices(["cpu", "cpu"], strategy=FsdpOptions(min_params=10))
+    offload = LearnerBuilder("unused").devices(["cpu", "cpu"], strategy="fsdp", cpu_offload=True)
+    with pytest.raises(ConfigError, match="this run trains on the CPU, where they are already"):
+        offload.build(Net(), AdamConfig(), 1e-3)
+    with pytest.raises(ConfigError, match=r"mixed_precision\('fp16'\) needs a gradient scaler"):
+        chosen.mixed_precision("fp16").build(Net(), AdamConfig(), 1e-3)
+
+
+def test_units_are_the_chosen_classes_and_large_submodules_innermost_first():
+    net = Net()
+    assert units(net, FsdpOptions()) == []  # the root alone
+    assert units(net, FsdpOptions(modules=[Block])) == [net.blocks[1], net.blocks[0]]
+    by_size = units(net, FsdpOptions(min_params=100))
+    assert by_size == [net.embed]  # 600 parameters; a block has 28, the head 5
+    both = units(net, FsdpOptions(modules=(Block,), min_params=40))
+    assert both == [net.blocks[1], net.blocks[0], net.embed]  # the list itself has none left
+
+
+def test_the_optimizer_state_is_written_as_a_plain_optimizer_writes_it():
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
+    optimizer = torch.optim.Adam(
+        [{"params": [model[1].weight]}, {"params": [model[0].weight, model[0].bias, model[1].bias]}]
+    )
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    plain = optimizer.state_dict()
+    names = {id(p): n for n, p in model.named_parameters()}
+    by_name = {  # as torch.distributed.checkpoint.state_dict keys it
+        "state": {
+            names[id(p)]: optimizer.state[p] for g in optimizer.param_groups for p in g["params"]
+        },
+        "param_groups": [
+            {**g, "params": [names[id(p)] for p in g["params"]]} for g in optimizer.param_groups
+        ],
+    }
+    indexed = _by_index(by_name)
+    assert indexed["param_groups"] == plain["param_groups"]
+    assert indexed["state"].keys() == plain["state"].keys()
+    for key, value in plain["state"].items():
+        assert all(torch.equal(value[k], indexed["state"][key][k]) for k in value)
+    assert _by_name(indexed, optimizer, model)["state"].keys() == by_name["state"].keys()
+    with pytest.raises(
+        TrainingError,
+        match="the optimizer part has 4 parameters in 2 groups; this run's optimizer has 2 in 1",
+    ):
+        _by_name(indexed, torch.optim.Adam(model[0].parameters()), model)
+
+
+def test_fsdp_refuses_loaders_that_give_the_processes_different_batch_counts():
+    data = list(torch.randn(17, 2))  # 9 and 8 samples: 2 and 1 batches of 8
+    uneven = BatchPlanner(DataLoaderBuilder().batch_size(8).build(data), shard=(0, 2))
+    with pytest.raises(
+        TrainingError,
+        match=r"gives the 2 processes 1 or 2 batches per epoch \(17 samples, batch size 8\); FSDP needs the same number",
+    ):
+        uneven.check_even("training")
+    BatchPlanner(
+        DataLoaderBuilder().batch_size(8).drop_last().build(data), shard=(1, 2)
+    ).check_even("training")
