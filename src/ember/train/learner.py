@@ -373,7 +373,8 @@ class Learner:
         self.iteration, self.items, stop = start.iteration, start.items, False
         with join(self._ddp):
             for step in plan:
-                self._run_step(processor, step, epoch, plan.total, start.iteration + 1)
+                finite = self._run_step(processor, step, epoch, plan.total, start.iteration + 1)
+                self._step_optimizer(finite, epoch)
                 stop = self._stop_requested(step)
                 if stop:
                     break
@@ -392,10 +393,12 @@ class Learner:
 
     def _run_step(
         self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
-    ) -> None:
-        """Forward and backward every batch of one optimizer step, and the step itself,
-        which comes before the metrics of the step's last batch (they may read it:
-        `GradNormMetric`). The batch numbered `check` has its output checked."""
+    ) -> bool:
+        """Forward and backward every batch of one optimizer step; False when a loss
+        was not finite. The batch numbered `check` has its output checked. The callbacks'
+        `on_before_optimizer_step` comes before the metrics of the step's last batch
+        (they may read it: `GradNormMetric`), the step after them (a non-finite loss the
+        metrics find stops the run before its step is applied)."""
         optim, guard, ddp, manual = self.optim, self.guard, self._ddp, self._manual
         forward = ddp if ddp is not None else self.model.train_step
         hooks = self.callbacks
@@ -427,12 +430,13 @@ class Learner:
                     if hooks is not None:
                         hooks.ctx.output = output
                     optim.backward(output.loss, step.shares[index])
-            if index == last:
-                self._step_optimizer(finite, epoch)
+            if index == last and finite:
+                optim.prepare()
             if ok:  # a skipped non-finite batch stays out of the epoch's metrics
                 processor.update(output.item, iteration, step.sizes[index], lr)
             if self.listeners:
                 self._emit(ProcessedItem("train", epoch, iteration, total, output.item, lr))
+        return finite
 
     def _manual_step(self, batch: Any) -> Any:
         return self.model.train_step(batch, self._manual)  # type: ignore[operator]

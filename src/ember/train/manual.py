@@ -179,6 +179,9 @@ class ManualOptimization(Optimization):
     def skip(self) -> None:
         self.step()
 
+    def prepare(self) -> None:
+        pass  # the step's own ctx.step calls run the optimizer hooks
+
 
 class StepContext:
     """The `ctx` a `train_step(batch, ctx)` gets under custom optimization.

@@ -47,6 +47,8 @@ class Optimization:
             self.scaler = torch.amp.GradScaler(device.type)
         self._dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision or "")
         self._no_autocast = contextlib.nullcontext()
+        self._prepared = False
+        self._clips = clip_norm is not None or clip_value is not None
 
     def autocast(self) -> ContextManager[Any]:
         """The context the steps run in: autocast under mixed precision, else nothing."""
@@ -84,25 +86,43 @@ class Optimization:
         if callbacks is not None and callbacks.after_backward:
             callbacks.call("on_after_backward")
 
+    def prepare(self) -> None:
+        """Before the step, once the gradients are complete: unscale them (fp16) and call
+        the callbacks' `on_before_optimizer_step` (nothing without such callbacks). The
+        loop does it before the metrics of the step's last batch, which may read it."""
+        callbacks = self.callbacks
+        if callbacks is None or not callbacks.optimizer_steps or self._prepared:
+            return
+        self._before(self.optimizer, None)
+        self._prepared = True
+
     def step(self) -> None:
         """Apply the accumulated gradients, then clear them."""
-        self.apply(self.optimizer, self.model.parameters(), self.lr)
+        prepared, self._prepared = self._prepared, False
+        self.apply(self.optimizer, self.model.parameters(), self.lr, None, prepared)
         if self.scaler is not None:
             self.scaler.update()
 
-    def apply(self, optimizer: Any, params: Any, lr: Any, name: str | None = None) -> None:
-        """One optimizer's step: unscale (fp16), the callbacks' `on_before_optimizer_step`,
-        clip, step, the learning rate's step, `on_after_optimizer_step`, clear."""
+    def _before(self, optimizer: Any, name: str | None) -> None:
+        callbacks = self.callbacks
+        assert callbacks is not None
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        callbacks.ctx.optimizer_name = name or callbacks.ctx.optimizer_name
+        callbacks.call("on_before_optimizer_step")
+
+    def apply(
+        self, optimizer: Any, params: Any, lr: Any, name: str | None = None, prepared: bool = False
+    ) -> None:
+        """One optimizer's step: unscale (fp16), the callbacks' `on_before_optimizer_step`
+        (unless `prepare` did both), clip, step, the learning rate's step,
+        `on_after_optimizer_step`, clear."""
         callbacks = self.callbacks
         hooks = callbacks is not None and callbacks.optimizer_steps
-        if self.scaler is not None and (
-            hooks or self.clip_norm is not None or self.clip_value is not None
-        ):
+        if hooks and not prepared:
+            self._before(optimizer, name)
+        elif self.scaler is not None and not prepared and self._clips:
             self.scaler.unscale_(optimizer)
-        if hooks:
-            assert callbacks is not None
-            callbacks.ctx.optimizer_name = name or callbacks.ctx.optimizer_name
-            callbacks.call("on_before_optimizer_step")
         self._clip(params)
         if self.scaler is not None:
             self.scaler.step(optimizer)
@@ -116,6 +136,7 @@ class Optimization:
 
     def skip(self) -> None:
         """Drop the accumulated gradients without stepping (a non-finite loss was skipped)."""
+        self._prepared = False
         self.optimizer.zero_grad(set_to_none=True)
 
     def _clip(self, params: Any) -> None:
