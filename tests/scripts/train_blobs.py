@@ -1,7 +1,7 @@
 """A small training run driven by tests in a subprocess (kills, signals, resume).
 
 Usage: python train_blobs.py DIR [--epochs N] [--resume] [--workers N] [--accumulation N]
-       [--sleep SECONDS] [--ready FILE] [--ema]
+       [--sleep SECONDS] [--ready FILE] [--valid-every N] [--ema]
 Writes the final weights to DIR/final.mpk when training completes; with --ema (an EMA
 callback and the gradient norm metric), the EMA weights to DIR/ema.mpk.
 """
@@ -51,6 +51,7 @@ def main() -> int:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--ready", default=None)
     parser.add_argument("--ema", action="store_true")
+    parser.add_argument("--valid-every", type=int, default=None)
     args = parser.parse_args()
 
     ember.seed(9)
@@ -94,6 +95,8 @@ def main() -> int:
     ema = EMA(decay=0.9, validate_with_ema=True)
     if args.ema:
         builder = builder.callback(ema).metric_train_numeric(GradNormMetric())
+    if args.valid_every is not None:
+        builder = builder.valid_every(args.valid_every)
     learner = builder.build(Slow(args.sleep, args.ready), AdamConfig().init(), 1e-2)
     model = learner.fit(train, valid)
     if learner.outcome == "completed":

@@ -4,6 +4,7 @@ Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-
     [--hang-rank R] [--slow SECONDS] [--events FILE] [--timeout SECONDS] [--resume]
     [--strategy ddp|fsdp] [--sharded-checkpoints] [--mlp] [--adam] [--accumulate K]
     [--clip NORM] [--device cpu|cuda]
+    [--valid-every N] [--limit-train N]
 Under torchrun, pass --processes 1: torchrun provides the processes.
 
 --strategy fsdp shards the model (each hidden block of --mlp is a unit of its own),
@@ -109,6 +110,8 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=None)
     parser.add_argument("--sharded-checkpoints", action="store_true")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--valid-every", type=int, default=None)
+    parser.add_argument("--limit-train", type=int, default=None)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -128,6 +131,10 @@ def main() -> None:
             strategy["sharded_checkpoints"] = True
     if args.resume:
         builder = builder.checkpoint("latest")
+    if args.valid_every is not None:
+        builder = builder.valid_every(args.valid_every)
+    if args.limit_train is not None:
+        builder = builder.limit_batches(train=args.limit_train)
     learner = (
         builder.metric_train_numeric(AccuracyMetric())
         .metric_train_numeric(LossMetric())

@@ -85,6 +85,8 @@ class LearnerBuilder:
         self._monitor: tuple[str, str] | None = None
         self._hparams: dict[str, Any] | None = None
         self._pruning: PruningStrategy | None = None
+        self._valid_every: int | None = None
+        self._limits: dict[str, int | float | None] = {"train": None, "valid": None}
 
     # Metrics -----------------------------------------------------------------
     def _add_metric(self, split: str, metric: Any, numeric: bool) -> LearnerBuilder:
@@ -190,6 +192,26 @@ class LearnerBuilder:
     def grads_accumulation(self, steps: int) -> LearnerBuilder:
         """Step the optimizer every `steps` batches (gradients summed as a mean)."""
         self._grads_accumulation = _positive_int(steps, "grads_accumulation")
+        return self
+
+    def valid_every(self, steps: int) -> LearnerBuilder:
+        """Also validate inside each epoch, every `steps` optimizer steps, on the whole
+        validation loader; the end-of-epoch validation stays as it is."""
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ConfigError(
+                f"valid_every takes a number of optimizer steps, an int >= 1, got {steps!r} "
+                "(e.g. valid_every(500) validates every 500 optimizer steps)."
+            )
+        self._valid_every = steps
+        return self
+
+    def limit_batches(
+        self, train: int | float | None = None, valid: int | float | None = None
+    ) -> LearnerBuilder:
+        """Use only the first batches of each epoch: a count (an int >= 1) or a fraction
+        of the loader's batches (a float in (0, 1]); None leaves a split whole."""
+        for split, limit in (("train", train), ("valid", valid)):
+            self._limits[split] = _batch_limit(limit, split)
         return self
 
     def num_epochs(self, epochs: int) -> LearnerBuilder:
@@ -436,6 +458,8 @@ class LearnerBuilder:
             resume_hyperparameters=self._resume_hyperparameters,
             hparams=self._hparams,
             pruning=self._pruning,
+            valid_every=self._valid_every,
+            limit_batches=(self._limits["train"], self._limits["valid"]),
         )
         return Learner(options)
 
@@ -560,6 +584,30 @@ def _check_disjoint(optimizers: Mapping[str, torch.optim.Optimizer]) -> None:
                         "Create each one on its part of the model (e.g. "
                         "model.generator.parameters())."
                     )
+
+
+def _batch_limit(limit: Any, split: str) -> int | float | None:
+    """A checked `limit_batches` value: None, an int >= 1 or a float in (0, 1]."""
+    if limit is None:
+        return None
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        if limit >= 1:
+            return limit
+        raise ConfigError(
+            f"limit_batches({split}={limit!r}): a number of batches must be >= 1 (leave "
+            f"{split} out, or None, to use every batch)."
+        )
+    if isinstance(limit, float):
+        if 0.0 < limit <= 1.0:
+            return limit
+        raise ConfigError(
+            f"limit_batches({split}={limit!r}): a fraction of the batches must be in (0, 1]; "
+            f"for a number of batches give an int, e.g. limit_batches({split}=10)."
+        )
+    raise ConfigError(
+        f"limit_batches({split}=...) takes an int (batches) or a float in (0, 1] (a fraction "
+        f"of the loader's batches), got {type(limit).__name__} {limit!r}."
+    )
 
 
 def _checkpoint_error_policy(value: str) -> str:

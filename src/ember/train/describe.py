@@ -61,6 +61,13 @@ def describe_run(learner: Any, info: RunInfo) -> str:
     if compiled is not None:
         options = ", ".join(f"{key}={value!r}" for key, value in compiled.items())
         extras.append(f"compiled ({options or 'torch.compile defaults'})")
+    every = learner.options.valid_every
+    if every is not None:
+        extras.append(f"validation every {every} optimizer steps")
+    for split, limit in zip(("train", "valid"), learner.options.limit_batches):
+        if limit is not None:
+            share = f"{limit:.0%}" if isinstance(limit, float) else str(limit)
+            extras.append(f"{split} limited to {share} of the batches of each epoch")
     dist = learner.dist
     if dist is not None:
         extras.append(f"{dist.world} processes ({dist.backend}), rank 0 writes the artifacts")

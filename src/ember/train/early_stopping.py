@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ember.errors import ConfigError
-from ember.train.history import History, Monitor
+from ember.train.history import History, Monitor, Points
 
 
 @runtime_checkable
@@ -27,7 +27,11 @@ class PruningStrategy(Protocol):
 
 class MetricEarlyStoppingStrategy:
     """Stop when `metric` (epoch value on `split`) has not improved for
-    `no_improvement_since` epochs; never during the first `warmup_epochs` epochs."""
+    `no_improvement_since` epochs; never during the first `warmup_epochs` epochs.
+
+    In a run that validates inside its epochs (`valid_every`), a validation strategy
+    counts validation points instead (`should_stop_at_point`): every validation, inside
+    an epoch or at its end, is one, and the run may stop in the middle of an epoch."""
 
     def __init__(
         self,
@@ -63,3 +67,26 @@ class MetricEarlyStoppingStrategy:
                 f"(best {value:.6g} at epoch {best_epoch})"
             )
         return None
+
+    def should_stop_at_point(self, points: Points) -> str | None:
+        """The reason to stop after the last of `points` (every validation of the run,
+        see `ember.train.history.Points`), or None. Patience counts points."""
+        if self.split != "valid" or not points or points[-1][0] <= self.warmup:
+            return None
+        series = self.monitor.point_series(points)
+        if not series:
+            return None
+        sign = 1.0 if self.direction == "lowest" else -1.0
+        best = 0
+        for index, (_, _, value) in enumerate(series):
+            if sign * value < sign * series[best][2]:
+                best = index
+        since = len(series) - 1 - best
+        if since < self.patience:
+            return None
+        epoch, iteration, value = series[best]
+        where = f"epoch {epoch}" + (f", iteration {iteration}" if iteration is not None else " end")
+        return (
+            f"{self.split} {self.name} has not improved for {since} validations "
+            f"(best {value:.6g} at {where})"
+        )

@@ -20,6 +20,12 @@ Values are the learner's epoch values at full precision (floats written as their
 shortest round-tripping text); NaN and infinities are the strings "nan", "inf" and
 "-inf". `checkpoints` lists the epochs with a complete checkpoint after retention;
 `outcome` is null while the run has not ended.
+
+A run that validates inside its epochs (`valid_every`) adds `"points"`, one object per
+mid-epoch validation, oldest first: `{"epoch": 2, "iteration": 40, "valid": {...}}`
+(the epoch and the training batches done in it when the point ran). Files without
+points (and readers that do not know the key) are unchanged: the key is written only
+when a point exists, and a file without it reads as having none.
 """
 
 from __future__ import annotations
@@ -36,6 +42,11 @@ from ember.errors import ConfigError, EmberError
 
 History = Sequence[tuple[int, Mapping[str, Mapping[str, float]]]]
 """Completed epochs in order: (epoch, {split: {metric name: epoch value}})."""
+
+Points = Sequence[tuple[int, "int | None", Mapping[str, Mapping[str, float]]]]
+"""Validation points in order: (epoch, iteration, {"valid": {metric name: value}}), the
+iteration being the training batches done in the epoch, or None for the validation at
+the epoch's end."""
 
 FORMAT = "ember-history"
 VERSION = 1
@@ -82,6 +93,15 @@ class Monitor:
             and not math.isnan(values[self.split][self.name])
         ]
 
+    def point_series(self, points: Points) -> list[tuple[int, int | None, float]]:
+        """(epoch, iteration, value) of every point that has a value that is not NaN."""
+        return [
+            (epoch, iteration, float(values[self.split][self.name]))
+            for epoch, iteration, values in points
+            if self.name in values.get(self.split, {})
+            and not math.isnan(values[self.split][self.name])
+        ]
+
     def best(self, history: History) -> tuple[int, float] | None:
         """The best epoch and its value (the earliest one on a tie), or None."""
         sign = 1.0 if self.direction == "lowest" else -1.0
@@ -103,6 +123,8 @@ class RunHistory:
         self.path = Path(path) if path is not None else None
         self.epochs: list[tuple[int, dict[str, dict[str, float]]]] = []
         self.checkpoints: list[int] = []
+        self.points: list[tuple[int, int, dict[str, dict[str, float]]]] = []
+        """Mid-epoch validation points: (epoch, iteration, {"valid": {metric: value}})."""
         self.outcome: str | None = None
         self.model: str | None = None
         self.num_parameters: int | None = None
@@ -122,10 +144,22 @@ class RunHistory:
             self.epochs.append((epoch, entry))
             self._write()
 
-    def keep_before(self, epoch: int) -> None:
-        """Forget the epochs from `epoch` on (a run resumed before them redoes them)."""
+    def add_point(
+        self, epoch: int, iteration: int, values: Mapping[str, Mapping[str, float]]
+    ) -> None:
+        """The values of a validation point inside `epoch`, after `iteration` batches."""
+        entry = {split: dict(split_values) for split, split_values in values.items()}
+        with self._lock:
+            self.points = [p for p in self.points if (p[0], p[1]) < (epoch, iteration)]
+            self.points.append((epoch, iteration, entry))
+            self._write()
+
+    def keep_before(self, epoch: int, iteration: int = 0) -> None:
+        """Forget the epochs from `epoch` on (a run resumed before them redoes them), and
+        the validation points after `iteration` batches of `epoch`."""
         with self._lock:
             self.epochs = [(e, v) for e, v in self.epochs if e < epoch]
+            self.points = [p for p in self.points if (p[0], p[1]) <= (epoch, iteration)]
             self.checkpoints = [e for e in self.checkpoints if e < epoch]
             self.outcome = None
             self._write()
@@ -146,8 +180,13 @@ class RunHistory:
         with self._lock:
             return [(e, {s: dict(v) for s, v in values.items()}) for e, values in self.epochs]
 
+    def point_entries(self) -> list[tuple[int, int, dict[str, dict[str, float]]]]:
+        """A copy of the mid-epoch validation points (safe to hand to another thread)."""
+        with self._lock:
+            return [(e, i, {s: dict(v) for s, v in values.items()}) for e, i, values in self.points]
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "format": FORMAT,
             "version": VERSION,
             "model": self.model,
@@ -159,6 +198,16 @@ class RunHistory:
             "checkpoints": list(self.checkpoints),
             "outcome": self.outcome,
         }
+        if self.points:
+            data["points"] = [
+                {
+                    "epoch": epoch,
+                    "iteration": iteration,
+                    **{s: _encode(v) for s, v in values.items()},
+                }
+                for epoch, iteration, values in self.points
+            ]
+        return data
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> RunHistory:
@@ -187,6 +236,13 @@ class RunHistory:
                 }
                 history.epochs.append((int(entry["epoch"]), values))
             history.checkpoints = [int(e) for e in data.get("checkpoints", [])]
+            for entry in data.get("points", []):
+                values = {
+                    split: {str(k): _decode(v) for k, v in split_values.items()}
+                    for split, split_values in entry.items()
+                    if split not in ("epoch", "iteration")
+                }
+                history.points.append((int(entry["epoch"]), int(entry["iteration"]), values))
             history.outcome = data.get("outcome")
             history.model = data.get("model")
             history.num_parameters = data.get("num_parameters")

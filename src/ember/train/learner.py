@@ -33,6 +33,7 @@ from ember.train.lock import RunLock
 from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.base import MetricLogger, RunStart, start_loggers
 from ember.train.logger.file import FileMetricLogger
+from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
 from ember.train.options import LearnerOptions
 from ember.train.output import summed_loss_hint
@@ -43,7 +44,9 @@ from ember.train.processor import MetricsProcessor
 from ember.train.renderer.silent import SilentRenderer
 from ember.train.run_record import end_session, record_start
 from ember.train.signals import signal_handlers
+from ember.train.smoke import SmokeReport, smoke_test
 from ember.train.step import call_step, check_steps, check_train_output
+from ember.train.validation import ValidationPoints, early_stop, stop_at_point
 
 log = logging.getLogger(__name__)
 EpochValues = dict[str, dict[str, float]]
@@ -95,6 +98,20 @@ class Learner:
         self.guard = LossGuard(
             options.nonfinite_loss, self.device, last_checkpoint=self.checkpoints.last_good
         )
+        self.points = (
+            ValidationPoints(
+                options.valid_every,
+                options.grads_accumulation,
+                options.metrics.get("valid", ()),
+                options.num_epochs,
+                self.artifacts,
+                self.run_history,
+                self.optim.autocast,
+            )
+            if options.valid_every is not None
+            else None
+        )
+        self._early_stop: str | None = None
         self.dist: Distributed | None = None
         self._ddp: Any = None
         self._whole: dict[str, Any] | None = None
@@ -134,11 +151,13 @@ class Learner:
     def steps(self, train: Iterable[Any]) -> tuple[int | None, int | None]:
         """`(steps_per_epoch, total_steps)` that `fit(train, ...)` will take: optimizer
         steps per epoch on the process with the most batches (under several processes
-        each takes its share of the batches) and over the whole run. What an "auto" step
-        count of a scheduler config is resolved from. None when the loader has no length."""
+        each takes its share of the batches) and over the whole run, under the batch
+        limit (`limit_batches`). What an "auto" step count of a scheduler config is
+        resolved from. None when the loader has no length (and no count limits it)."""
         world = world_size(self.devices)
         shard = (0, world) if world > 1 else None
-        per_epoch = BatchPlanner(train, self.grads_accumulation, shard).steps_per_epoch()
+        limit = self.options.limit_batches[0]
+        per_epoch = BatchPlanner(train, self.grads_accumulation, shard, limit).steps_per_epoch()
         return per_epoch, None if per_epoch is None else per_epoch * self.num_epochs
 
     @property
@@ -165,6 +184,11 @@ class Learner:
         self._fitted = True
         if valid is not None:
             check_steps(self.model, ("valid_step",))
+        elif self.points is not None:
+            raise TrainingError(
+                f"valid_every({self.points.every}) validates inside each epoch on the validation "
+                "data, but fit() got none: pass it as fit(train, valid), or leave valid_every out."
+            )
         if restore_best:
             self.checkpoints.check_restore_best(self.metrics)
         self.dist = setup(self.devices, self.options.distributed_timeout)
@@ -235,8 +259,13 @@ class Learner:
             check_not_empty(valid, "validation", "fit(train) without validation data")
         resume = self.checkpoints.resume_point()
         shard = (dist.rank, dist.world) if dist is not None else None
-        train_plan = BatchPlanner(train, self.grads_accumulation, shard)
-        valid_plan = BatchPlanner(valid, 1, shard) if valid is not None else None
+        train_limit, valid_limit = self.options.limit_batches
+        train_plan = BatchPlanner(train, self.grads_accumulation, shard, train_limit)
+        train_plan.check_limit("training", "train")
+        valid_plan = None
+        if valid is not None:
+            valid_plan = BatchPlanner(valid, 1, shard, valid_limit)
+            valid_plan.check_limit("validation", "valid")
         notes = self._count_steps(train_plan)
         self.optim.lr.check_monitor(
             {split: [entry.name for entry in entries] for split, entries in self.metrics.items()}
@@ -343,12 +372,12 @@ class Learner:
             self._emit(StartEpoch(epoch, self.num_epochs))
             self._hook("on_epoch_start", epoch)
             plan = train.epoch(epoch, resume.position)
-            values = self._train_epoch(processor, plan, resume)
+            values = self._train_epoch(processor, plan, resume, valid)
             if values is None:  # stopped mid-epoch
                 position = Position(epoch, self.iteration, self.items, False)
                 lines, states = processor.line_counts(), processor.epoch_states()
                 self.checkpoints.save(position, self.model, self.optim, self.dist, lines, states)
-                return self._stop_reason()
+                return self._early_stop or self._stop_reason()
             epoch_values = {"train": values}
             if valid is not None:
                 epoch_values["valid"] = self._valid_epoch(processor, valid, epoch)
@@ -358,7 +387,11 @@ class Learner:
         return "completed"
 
     def _train_epoch(
-        self, processor: MetricsProcessor, plan: EpochPlan, resume: Resume
+        self,
+        processor: MetricsProcessor,
+        plan: EpochPlan,
+        resume: Resume,
+        valid: BatchPlanner | None = None,
     ) -> dict[str, float] | None:
         """Train one epoch (from where a resumed run stands); its epoch values, or
         None when a stop ended it early."""
@@ -375,6 +408,11 @@ class Learner:
             for step in plan:
                 finite = self._run_step(processor, step, epoch, plan.total, start.iteration + 1)
                 self._step_optimizer(finite, epoch)
+                if self._point_due(step, plan.total, valid) and self._valid_point(
+                    processor, valid, epoch
+                ):
+                    stop = True  # early stopping, counting validation points
+                    break
                 stop = self._stop_requested(step)
                 if stop:
                     break
@@ -474,6 +512,39 @@ class Learner:
             stop = self.dist.any(stop) if step.may_vote else False
         return stop
 
+    def _point_due(self, step: Step, total: int | None, valid: BatchPlanner | None) -> bool:
+        return valid is not None and self.points is not None and self.points.due(step, total)
+
+    def _valid_point(
+        self, processor: MetricsProcessor, planner: BatchPlanner | None, epoch: int
+    ) -> bool:
+        """Validate inside the epoch (`valid_every`); True when early stopping, which
+        counts validation points, ends the run here."""
+        assert self.points is not None and planner is not None
+        main = self.dist is None or self.dist.main
+        self._hook("on_validation_start", epoch)  # e.g. an EMA validating its weights
+        try:
+            self.points.run(
+                self.model,
+                planner,
+                epoch,
+                self.iteration,
+                self.device,
+                self.dist,
+                main,
+                processor.renderer,
+                self._emit,
+                evaluation(self._ddp),
+            )
+        finally:
+            self._hook("on_validation_end", epoch)
+        why = stop_at_point(self.options.early_stopping, self.run_history)
+        if why is None:
+            return False
+        log.info("Early stopping at epoch %d, iteration %d: %s.", epoch, self.iteration, why)
+        self._early_stop = f"stopped early: {why}"
+        return True
+
     def _valid_epoch(
         self, processor: MetricsProcessor, planner: BatchPlanner, epoch: int
     ) -> dict[str, float]:
@@ -485,7 +556,7 @@ class Learner:
         self._hook("on_validation_start", epoch)
         try:
             with evaluation(self._ddp)(), self.optim.autocast():
-                for iteration, batch in enumerate(plan.loader, start=1):
+                for iteration, batch in enumerate(plan.batches(), start=1):
                     if self._move:
                         batch = to_device(batch, self.device)
                     item = call_step(self.model.valid_step, batch, "valid_step", epoch, iteration)
@@ -523,7 +594,7 @@ class Learner:
         if stop:
             reason = self._stop_reason()
         elif self.options.early_stopping is not None:
-            why = self.options.early_stopping.should_stop(self.history)
+            why = early_stop(self.options.early_stopping, self.run_history, self.points is not None)
             if why is not None:
                 log.info("Early stopping after epoch %d: %s.", epoch, why)
                 reason = f"stopped early: {why}"
@@ -571,13 +642,15 @@ class Learner:
                 saved = RunHistory.load(history.path)
                 history.epochs = saved.epochs
                 history.checkpoints = saved.checkpoints
+                history.points = saved.points
             else:  # a run from before the history file: the checkpoint carried it
                 history.epochs = [
                     (int(e), v) for e, v in resume.state["learner"].get("history", [])
                 ]
-            history.keep_before(resume.position.epoch)
+            history.keep_before(resume.position.epoch, resume.position.iteration)
         if self.dist is not None:
             history.epochs = self.dist.broadcast(history.epochs)
+            history.points = self.dist.broadcast(history.points)
 
     def _loggers(self, main: bool) -> dict[str, list[MetricLogger]]:
         """Rank 0 writes the metric files and feeds the extra loggers."""
@@ -611,7 +684,7 @@ class Learner:
         """Resuming mid-epoch: keep the lines each training metric log had at the
         checkpoint (later lines came after it), put them back into the metric states,
         and drop that epoch's validation logs."""
-        self.artifacts.drop_epoch("valid", start.epoch)
+        self.artifacts.drop_epoch("valid", start.epoch, points_through=start.iteration)
         rows = {
             entry.name: self.artifacts.truncate_metric_log(
                 "train", start.epoch, entry.name, (counts or {}).get(entry.name, start.iteration)
@@ -698,6 +771,27 @@ class Learner:
         (`test/<name>/`), with its validation metrics (the training ones when it has
         none); return `{metric: value}` over the whole set."""
         return self._evaluator().eval(name, loader)
+
+    def lr_find(self, train: Iterable[Any], **options: Any) -> LrFinderResult:
+        """The learning-rate range test on `train` (see `ember.train.lr_finder.lr_find` for
+        `start`, `end`, `steps`, `mode`, `smoothing` and `diverge`): the rates, the
+        losses and a `suggestion`; everything it changes is put back afterwards, and its
+        curve is written to `lr-find.json` for `ember plot`."""
+        return lr_find(self, train, **options)
+
+    def smoke_test(
+        self,
+        train: Iterable[Any],
+        valid: Iterable[Any] | None = None,
+        *,
+        batches: int = 2,
+        echo: bool = True,
+    ) -> SmokeReport:
+        """Run `batches` batches of each split through the whole loop (steps, metrics,
+        files, a checkpoint written and loaded back) in a temporary directory, leaving
+        this learner, its model, optimizer and schedule as they were; return (and print)
+        what ran, or raise `SmokeTestError` naming the part that fails."""
+        return smoke_test(self, train, valid, batches=batches, echo=echo)
 
     def predict(self, loader: Iterable[Any]) -> Any:
         """The model's outputs over `loader`, on the CPU, concatenated along the first

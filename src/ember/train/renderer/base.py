@@ -62,7 +62,12 @@ class MetricView:
 
 @runtime_checkable
 class Renderer(Protocol):
-    """Receives progress at render ticks (at most ~10 per second) and epoch results."""
+    """Receives progress at render ticks (at most ~10 per second) and epoch results.
+
+    A renderer may also define `valid_point(iteration, progress, metrics)`: a
+    validation inside an epoch (`LearnerBuilder.valid_every`) ended after `iteration`
+    training batches; `progress` is that validation's, `metrics` carry its values as
+    epoch values. Renderers without it are not told."""
 
     def start(self, info: RunInfo) -> None: ...
 

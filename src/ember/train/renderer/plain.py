@@ -92,6 +92,17 @@ class PlainRenderer:
         )
         self._last = time.monotonic()
 
+    def valid_point(
+        self, iteration: int, progress: Progress, metrics: Sequence[MetricView]
+    ) -> None:
+        """A validation inside the epoch (`valid_every`), after `iteration` training batches."""
+        values = _values("valid", metrics)
+        self._write(
+            f"valid epoch {progress.epoch}/{progress.num_epochs} at iteration {iteration}: "
+            f"{progress.iteration} iterations, {progress.items:,} items in "
+            f"{format_duration(progress.elapsed)}  {values}".rstrip()
+        )
+
     def end(self, reason: str) -> None:
         self._write(f"training {reason}")
 

@@ -194,6 +194,15 @@ class TuiRenderer:
             self._select_first()
             self._version += 1
 
+    def valid_point(
+        self, iteration: int, progress: Progress, metrics: Sequence[MetricView]
+    ) -> None:
+        """A validation inside the epoch (`valid_every`): its values become the
+        validation's last values in the table."""
+        with self._lock:
+            self._run.valid_point(iteration, progress, metrics)
+            self._version += 1
+
     def end(self, reason: str) -> None:
         """Draw the last frame and give the terminal back (after a key press if persistent)."""
         if not self._started:
