@@ -87,6 +87,8 @@ class LearnerBuilder:
         self._pruning: PruningStrategy | None = None
         self._valid_every: int | None = None
         self._limits: dict[str, int | float | None] = {"train": None, "valid": None}
+        self._model_summary: int | None = 1
+        self._recompute: tuple[type, ...] = ()
 
     # Metrics -----------------------------------------------------------------
     def _add_metric(self, split: str, metric: Any, numeric: bool) -> LearnerBuilder:
@@ -315,6 +317,31 @@ class LearnerBuilder:
         self._monitor = (split, metric if isinstance(metric, str) else str(metric.name))
         return self
 
+    def model_summary(self, depth: int | None = 1) -> LearnerBuilder:
+        """The table of the model's modules down to `depth` levels (parameters trainable
+        and frozen, size, dtypes) that `fit` writes to experiment.log and shows at the
+        top of the output when it starts; on by default at depth 1. None turns it off
+        (the warnings about eval mode and frozen parameters are logged either way)."""
+        if depth is not None and (
+            isinstance(depth, bool) or not isinstance(depth, int) or depth < 1
+        ):
+            raise ConfigError(
+                f"model_summary(depth=...) takes an int >= 1, or None for no summary; got {depth!r}."
+            )
+        self._model_summary = depth
+        return self
+
+    def activation_checkpointing(self, module_classes: Any) -> LearnerBuilder:
+        """Recompute the activations of every submodule of these classes (e.g. the
+        model's transformer blocks) in the backward pass instead of keeping them: less
+        memory for more compute. Uses PyTorch's non-reentrant checkpoint wrapper, which
+        gives the same gradients (dropout included), works with mixed precision and DDP,
+        and keeps the plain model's checkpoint keys."""
+        from ember.train.activation_checkpointing import module_classes as checked
+
+        self._recompute = checked(module_classes)
+        return self
+
     def compile(self, **options: Any) -> LearnerBuilder:
         """Compile the model with `torch.compile` (`options` are its keyword arguments,
         e.g. `mode="max-autotune"`, `backend="inductor"`). The module is compiled in
@@ -413,6 +440,10 @@ class LearnerBuilder:
                 "FSDP's cpu_offload=True keeps the shards of a model trained on GPUs in host "
                 "memory; this run trains on the CPU, where they are already. Drop cpu_offload."
             )
+        if self._recompute:
+            from ember.train.activation_checkpointing import apply
+
+            apply(model, self._recompute)
         model.to(device)
         if self._compile is not None:
             model.compile(**self._compile)
@@ -455,6 +486,8 @@ class LearnerBuilder:
             early_stopping=self._early_stopping,
             nonfinite_loss=self._nonfinite,
             compile=self._compile,
+            model_summary=self._model_summary,
+            activation_checkpointing=self._recompute,
             resume_hyperparameters=self._resume_hyperparameters,
             hparams=self._hparams,
             pruning=self._pruning,

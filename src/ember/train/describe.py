@@ -57,6 +57,10 @@ def describe_run(learner: Any, info: RunInfo) -> str:
         extras.append(f"gradient norm clipped at {optim.clip_norm}")
     if optim.clip_value is not None:
         extras.append(f"gradient values clipped at {optim.clip_value}")
+    recomputed = learner.options.activation_checkpointing
+    if recomputed:
+        classes = ", ".join(kind.__name__ for kind in recomputed)
+        extras.append(f"activation checkpointing ({classes})")
     compiled = learner.options.compile
     if compiled is not None:
         options = ", ".join(f"{key}={value!r}" for key, value in compiled.items())

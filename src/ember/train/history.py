@@ -13,13 +13,14 @@ nothing parses numbers back from `experiment.log`, which is text for people.
  "epochs": [{"epoch": 1, "train": {"Loss": 0.3101..., "Accuracy": 91.2...},
              "valid": {"Loss": 0.2233...}}],
  "checkpoints": [1],
- "outcome": "completed"}
+ "outcome": "completed", "stop_reason": {"reason": "completed"}}
 ```
 
 Values are the learner's epoch values at full precision (floats written as their
 shortest round-tripping text); NaN and infinities are the strings "nan", "inf" and
 "-inf". `checkpoints` lists the epochs with a complete checkpoint after retention;
-`outcome` is null while the run has not ended.
+`outcome` and `stop_reason` are null while the run has not ended. `stop_reason` was
+added later in version 1: readers take a missing key as null.
 
 A run that validates inside its epochs (`valid_every`) adds `"points"`, one object per
 mid-epoch validation, oldest first: `{"epoch": 2, "iteration": 40, "valid": {...}}`
@@ -126,6 +127,9 @@ class RunHistory:
         self.points: list[tuple[int, int, dict[str, dict[str, float]]]] = []
         """Mid-epoch validation points: (epoch, iteration, {"valid": {metric: value}})."""
         self.outcome: str | None = None
+        self.stop_reason: dict[str, Any] | None = None
+        """Why the run ended, once it has (`Outcome.to_json()`: "reason", and for early
+        stopping "rule", "split", "metric", "epoch", "value", "reference")."""
         self.model: str | None = None
         self.num_parameters: int | None = None
         self._lock = threading.Lock()
@@ -162,6 +166,7 @@ class RunHistory:
             self.points = [p for p in self.points if (p[0], p[1]) <= (epoch, iteration)]
             self.checkpoints = [e for e in self.checkpoints if e < epoch]
             self.outcome = None
+            self.stop_reason = None
             self._write()
 
     def set_checkpoints(self, epochs: Sequence[int]) -> None:
@@ -170,8 +175,11 @@ class RunHistory:
             self._write()
 
     def finish(self, outcome: str) -> None:
+        """The run ended: its outcome text, and its reason when `outcome` is an `Outcome`."""
+        to_json = getattr(outcome, "to_json", None)
         with self._lock:
-            self.outcome = outcome
+            self.outcome = str(outcome)
+            self.stop_reason = to_json() if callable(to_json) else None
             self._write()
 
     # Reading --------------------------------------------------------------------------
@@ -197,6 +205,7 @@ class RunHistory:
             ],
             "checkpoints": list(self.checkpoints),
             "outcome": self.outcome,
+            "stop_reason": self.stop_reason,
         }
         if self.points:
             data["points"] = [
@@ -244,6 +253,7 @@ class RunHistory:
                 }
                 history.points.append((int(entry["epoch"]), int(entry["iteration"]), values))
             history.outcome = data.get("outcome")
+            history.stop_reason = data.get("stop_reason")
             history.model = data.get("model")
             history.num_parameters = data.get("num_parameters")
         except (KeyError, TypeError, ValueError, AttributeError) as error:

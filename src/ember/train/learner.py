@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 import torch
@@ -26,7 +26,8 @@ from ember.train.describe import describe_run, run_info
 from ember.train.distributed import Distributed, setup, world_size
 from ember.train.evaluator import Evaluator
 from ember.train.events import End, EndEpoch, ProcessedItem, Start, StartEpoch, StartSplit
-from ember.train.guard import LossGuard
+from ember.train.flops import FlopCount
+from ember.train.guard import LossGuard, NonFiniteLoss
 from ember.train.history import RunHistory
 from ember.train.interrupter import Interrupter
 from ember.train.lock import RunLock
@@ -35,7 +36,9 @@ from ember.train.logger.base import MetricLogger, RunStart, start_loggers
 from ember.train.logger.file import FileMetricLogger
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
+from ember.train.model_summary import summarize_model
 from ember.train.options import LearnerOptions
+from ember.train.outcome import Outcome
 from ember.train.output import summed_loss_hint
 from ember.train.parallel import evaluation, join, no_sync, parallelize
 from ember.train.position import Position
@@ -98,6 +101,14 @@ class Learner:
         self.guard = LossGuard(
             options.nonfinite_loss, self.device, last_checkpoint=self.checkpoints.last_good
         )
+        self.flops = FlopCount(
+            (entry.metric for entry in self.metrics.get("train", ())),
+            self.model,
+            self.device,
+            self.optim.mixed_precision,
+        )
+        """The FLOPs of one training sample, counted on the first batch for the metrics
+        that need them (`ThroughputMetric("mfu")`)."""
         self.points = (
             ValidationPoints(
                 options.valid_every,
@@ -111,7 +122,7 @@ class Learner:
             if options.valid_every is not None
             else None
         )
-        self._early_stop: str | None = None
+        self._early_stop: Outcome | None = None
         self.dist: Distributed | None = None
         self._ddp: Any = None
         self._whole: dict[str, Any] | None = None
@@ -129,10 +140,12 @@ class Learner:
         when `fit` starts; `steps(train)` tells it before."""
         self.total_steps: int | None = None
         """Optimizer steps of the whole run (`steps_per_epoch * num_epochs`)."""
-        self.outcome: str | None = None
+        self.outcome: Outcome | None = None
         """After `fit`: "completed", "stopped: <why>", "stopped early: <why>" or "pruned:
-        <why>" (`LearnerBuilder.pruning`); "failed" or
-        "interrupted" (a second Ctrl-C) when `fit` raised."""
+        <why>" (`LearnerBuilder.pruning`); "failed" ("failed: the loss is NaN ...") or
+        "interrupted" (a second Ctrl-C) when `fit` raised. An `Outcome`: the text, with
+        its `reason` (a `StopReason`) and, after early stopping, `early_stop` (the rule
+        that fired and its values)."""
 
     @property
     def exit_code(self) -> int:
@@ -140,13 +153,7 @@ class Learner:
         completed, stopped early or was stopped by a request (the dashboard, code);
         128 + the signal number when a signal stopped it (143 for SIGTERM, 130 for
         Ctrl-C), so a job scheduler sees a preemption; 1 when it failed."""
-        if self.outcome == "interrupted":
-            return 130
-        if self.outcome is None or self.outcome == "failed":
-            return 1
-        if self.outcome.startswith("stopped:") and self.interrupter.signal is not None:
-            return 128 + int(self.interrupter.signal)
-        return 0
+        return 1 if self.outcome is None else self.outcome.exit_code
 
     def steps(self, train: Iterable[Any]) -> tuple[int | None, int | None]:
         """`(steps_per_epoch, total_steps)` that `fit(train, ...)` will take: optimizer
@@ -225,7 +232,7 @@ class Learner:
         """Prepare (nothing on disk changes before the resumed state loads), start,
         train every epoch, end; the loggers, the renderer and the log always close."""
         run = self._prepare(train, valid)
-        reason = "failed"
+        reason: Outcome | str = "failed"
         try:
             with signal_handlers(self.interrupter):
                 processor = self._start(run, valid)
@@ -304,6 +311,8 @@ class Learner:
         )
         info = run_info(self, start)
         log.info("%s", describe_run(self, info))
+        summary = summarize_model(self.model, self.options.model_summary)
+        info = replace(info, model_summary=summary)
         if run.main:
             record_start(self.artifacts, start.epoch, not start.fresh, hparams)
         self.run_history.describe_model(info.model_name, info.num_parameters)
@@ -330,18 +339,19 @@ class Learner:
         self._emit(Start(start.epoch, self.num_epochs, str(self.artifact_dir)))
         return processor
 
-    def _failure(self, error: BaseException) -> str:
-        """Log how the run ended on an exception; "interrupted" or "failed"."""
+    def _failure(self, error: BaseException) -> Outcome:
+        """Log how the run ended on an exception; "interrupted" or "failed[: why]"."""
         where = f"epoch {self.epoch}, iteration {self.iteration}"
+        outcome = Outcome.failed(error, isinstance(error, NonFiniteLoss))
         if isinstance(error, KeyboardInterrupt):
             log.error("Training interrupted (KeyboardInterrupt) at %s.", where)
-            return "interrupted"
+            return outcome
         elsewhere = self.dist.caused_elsewhere(error) if self.dist is not None else None
         if elsewhere is not None:  # another rank failed: its record says why
             log.error("Training stopped at %s. %s", where, elsewhere)
         else:
             log.exception("Training failed at %s.", where)
-        return "failed"
+        return outcome
 
     def _count_steps(self, train: BatchPlanner) -> list[str]:
         """The run's optimizer steps, and the schedule that waits for them ("auto");
@@ -365,7 +375,7 @@ class Learner:
         train: BatchPlanner,
         valid: BatchPlanner | None,
         resume: Resume,
-    ) -> str:
+    ) -> Outcome:
         """Every epoch left; returns how the run ended."""
         for epoch in range(resume.position.epoch, self.num_epochs + 1):
             self.epoch = epoch
@@ -384,7 +394,7 @@ class Learner:
             reason = self._end_epoch(epoch, epoch_values)
             if reason is not None:
                 return reason
-        return "completed"
+        return Outcome.completed()
 
     def _train_epoch(
         self,
@@ -450,7 +460,7 @@ class Learner:
                 batch = to_device(batch, self.device)
             if hooks is not None:
                 hooks.ctx.epoch, hooks.ctx.iteration = epoch, iteration
-            with no_sync(ddp, index < last):
+            with no_sync(ddp, index < last), self.flops.count():
                 if manual is not None:  # custom optimization: the step runs backward itself
                     manual.begin(epoch, iteration, index == 0, index == last, step.shares[index])
                     with optim.autocast():
@@ -542,7 +552,7 @@ class Learner:
         if why is None:
             return False
         log.info("Early stopping at epoch %d, iteration %d: %s.", epoch, self.iteration, why)
-        self._early_stop = f"stopped early: {why}"
+        self._early_stop = Outcome.stopped_early(why)
         return True
 
     def _valid_epoch(
@@ -577,7 +587,7 @@ class Learner:
                 self.artifacts.write_matrix(split, epoch, name, counts)
         return values
 
-    def _end_epoch(self, epoch: int, values: EpochValues) -> str | None:
+    def _end_epoch(self, epoch: int, values: EpochValues) -> Outcome | None:
         """Decide (a stop, early stopping), then checkpoint, then tell the listeners;
         return a reason to stop."""
         for split, split_values in values.items():
@@ -597,7 +607,7 @@ class Learner:
             why = early_stop(self.options.early_stopping, self.run_history, self.points is not None)
             if why is not None:
                 log.info("Early stopping after epoch %d: %s.", epoch, why)
-                reason = f"stopped early: {why}"
+                reason = Outcome.stopped_early(why)
         if reason is None and self.options.pruning is not None:
             reason = self._pruned(epoch)
         position = Position(epoch, self.iteration, self.items, True)
@@ -605,7 +615,7 @@ class Learner:
         self._emit(EndEpoch(epoch, values))
         return reason
 
-    def _pruned(self, epoch: int) -> str | None:
+    def _pruned(self, epoch: int) -> Outcome | None:
         """Ask the pruning strategy (on rank 0, which holds the trial) whether to prune."""
         pruning, dist = self.options.pruning, self.dist
         why = pruning.should_prune(self.history) if pruning and (not dist or dist.main) else None
@@ -614,7 +624,7 @@ class Learner:
         if why is None:
             return None
         log.info("Pruned after epoch %d: %s.", epoch, why)
-        return f"pruned: {why}"
+        return Outcome.pruned(why)
 
     def _start_split(self, split: str, epoch: int, first: int = 1) -> None:
         """Tell the model (`on_split_start`, if it has one) and the listeners. A split
@@ -625,8 +635,9 @@ class Learner:
             hook(split)
         self._emit(StartSplit(split, epoch, first))
 
-    def _stop_reason(self) -> str:
-        return f"stopped: {self.interrupter.message or 'stop requested on another rank'}"
+    def _stop_reason(self) -> Outcome:
+        message = self.interrupter.message or "stop requested on another rank"
+        return Outcome.stopped(message, self.interrupter.signal)
 
     # Setting up ------------------------------------------------------------------
     def _load_history(self, resume: Resume, main: bool) -> None:
@@ -697,7 +708,8 @@ class Learner:
     def _print_summary(self) -> None:
         from ember.train.summary import LearnerSummary
 
-        table = LearnerSummary.from_dir(self.artifact_dir).table()
+        summary = LearnerSummary.from_dir(self.artifact_dir)
+        table = replace(summary, outcome=self.outcome).table()  # history.json has it at the end
         print(table)
         log.info("%s", table)
 

@@ -66,3 +66,7 @@ class LearnerOptions:
     limit_batches: tuple[int | float | None, int | float | None] = (None, None)
     """The batches each epoch takes of the training and validation loaders: a count, a
     fraction of the loader's batches, or None for all."""
+    activation_checkpointing: tuple[type, ...] = ()
+    """The module classes wrapped for activation checkpointing."""
+    model_summary: int | None = 1
+    """The depth of the model summary written when `fit` starts; None: no summary."""

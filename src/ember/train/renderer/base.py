@@ -26,6 +26,9 @@ class RunInfo:
     """The run continues from a checkpoint."""
     start_iteration: int = 0
     """Batches of `start_epoch` already done before this run (a resume mid-epoch)."""
+    model_summary: str = ""
+    """The model summary table and its warnings (`ModelSummary`), shown once at the
+    top of the output; empty when the summary is off."""
 
 
 @dataclass(frozen=True)

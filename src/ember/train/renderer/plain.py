@@ -62,6 +62,8 @@ class PlainRenderer:
             f"({info.num_parameters:,} parameters) on {', '.join(info.devices)}; "
             f"artifacts in {info.artifact_dir}"
         )
+        if info.model_summary:
+            self._write(info.model_summary)
 
     def update(
         self, progress: Progress, metrics: Sequence[MetricView], records: Sequence[MetricRecord]

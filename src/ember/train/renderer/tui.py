@@ -148,6 +148,8 @@ class TuiRenderer:
         # rich's shared console: rich.print and RichHandler output then show above the dashboard.
         console = self.console if self.console is not None else get_console()
         self.console = console
+        if info.model_summary:  # above the dashboard, where it stays when the run ends
+            console.print(info.model_summary, markup=False, highlight=False, soft_wrap=True)
         before = sys.stdout, sys.stderr
         self._live = Live(
             self._frame,
