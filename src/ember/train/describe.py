@@ -81,8 +81,13 @@ def describe_run(learner: Any, info: RunInfo) -> str:
     return (
         f"Training {info.model_name} ({info.num_parameters:,} parameters) on "
         f"{', '.join(info.devices)}: epochs {info.start_epoch} to {info.num_epochs}, optimizer "
-        f"{type(optim.optimizer).__name__}, lr {type(optim.lr.scheduler).__name__}, gradient "
+        f"{_named(optim.optimizer)}, lr {_named(optim.lr.scheduler)}, gradient "
         f"accumulation {learner.grads_accumulation}{''.join(', ' + e for e in extras)}; "
         f"metrics train [{names['train']}], valid [{names['valid']}]; python "
         f"{sys.version.split()[0]}, torch {torch.__version__}"
     )
+
+
+def _named(part: Any) -> str:
+    """An optimizer's or a schedule's class; several named ones describe themselves."""
+    return str(getattr(part, "description", type(part).__name__))

@@ -35,6 +35,7 @@ from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.base import MetricLogger, RunStart, start_loggers
 from ember.train.logger.file import FileMetricLogger
 from ember.train.lr_finder import LrFinderResult, lr_find
+from ember.train.manual import ManualOptimization, StepContext
 from ember.train.model_summary import summarize_model
 from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome
@@ -76,6 +77,8 @@ class Learner:
         self.model = options.model
         self.optim = options.optimization
         self.optimizer = self.optim.optimizer
+        self.callbacks = self.optim.callbacks
+        """The run's callbacks (`LearnerBuilder.callback`), None when there are none."""
         self.device = options.device
         self.devices = list(options.devices) if options.devices is not None else None
         self.artifact_dir = options.artifact_dir
@@ -124,6 +127,9 @@ class Learner:
         self._ddp: Any = None
         self._whole: dict[str, Any] | None = None
         self._move = self.device.type != "cpu"  # batches from a DataLoader are on the CPU
+        self._manual: StepContext | None = None
+        if isinstance(self.optim, ManualOptimization):
+            self._manual = StepContext(self.optim, self.guard)
         self.epoch = 0
         self.iteration = 0
         self.items = 0
@@ -230,7 +236,9 @@ class Learner:
         try:
             with signal_handlers(self.interrupter):
                 processor = self._start(run, valid)
+                self._hook("on_fit_start", run.resume.position.epoch)
                 reason = self._epochs(processor, run.train, run.valid, run.resume)
+                self._hook("on_fit_end", self.epoch)
                 self.checkpoints.finish()  # the last checkpoint is on disk, or the run failed
             self.outcome = reason
             log.info("Training %s after epoch %d.", reason, self.epoch)
@@ -372,6 +380,7 @@ class Learner:
         for epoch in range(resume.position.epoch, self.num_epochs + 1):
             self.epoch = epoch
             self._emit(StartEpoch(epoch, self.num_epochs))
+            self._hook("on_epoch_start", epoch)
             plan = train.epoch(epoch, resume.position)
             values = self._train_epoch(processor, plan, resume, valid)
             if values is None:  # stopped mid-epoch
@@ -434,9 +443,13 @@ class Learner:
         self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
     ) -> bool:
         """Forward and backward every batch of one optimizer step; False when a loss
-        was not finite. The batch numbered `check` has its output checked."""
-        optim, guard, ddp = self.optim, self.guard, self._ddp
+        was not finite. The batch numbered `check` has its output checked. The callbacks'
+        `on_before_optimizer_step` comes before the metrics of the step's last batch
+        (they may read it: `GradNormMetric`), the step after them (a non-finite loss the
+        metrics find stops the run before its step is applied)."""
+        optim, guard, ddp, manual = self.optim, self.guard, self._ddp, self._manual
         forward = ddp if ddp is not None else self.model.train_step
+        hooks = self.callbacks
         lr = optim.begin_group()
         last, finite = len(step.batches) - 1, True
         for index, batch in enumerate(step.batches):
@@ -445,27 +458,49 @@ class Learner:
             self.items += step.items[index]
             if self._move:
                 batch = to_device(batch, self.device)
+            if hooks is not None:
+                hooks.ctx.epoch, hooks.ctx.iteration = epoch, iteration
             with no_sync(ddp, index < last), self.flops.count():
-                with optim.autocast():
-                    output = call_step(forward, batch, "train_step", epoch, iteration)
-                if iteration == check:
-                    check_train_output(self.model, output)
-                    processor.check("train", output.item, epoch)
-                    hint = summed_loss_hint(output.item)
-                    if hint is not None:
-                        log.warning("%s", hint)
-                    if guard.policy == "stop":  # the loss metric's values stand guard
-                        guard.covered = processor.watch_loss(
-                            output.item, output.loss, guard.nonfinite
-                        )
-                ok = guard.check(output.loss, epoch, iteration)
-                finite = ok and finite
-                optim.backward(output.loss, step.shares[index])
+                if manual is not None:  # custom optimization: the step runs backward itself
+                    manual.begin(epoch, iteration, index == 0, index == last, step.shares[index])
+                    with optim.autocast():
+                        output = call_step(self._manual_step, batch, "train_step", epoch, iteration)
+                    ok = manual.ok
+                    if iteration == check:
+                        self._check_output(processor, output, epoch, manual=True)
+                else:
+                    with optim.autocast():
+                        output = call_step(forward, batch, "train_step", epoch, iteration)
+                    if iteration == check:
+                        self._check_output(processor, output, epoch)
+                    ok = guard.check(output.loss, epoch, iteration)
+                    finite = ok and finite
+                    if hooks is not None:
+                        hooks.ctx.output = output
+                    optim.backward(output.loss, step.shares[index])
+            if index == last and finite:
+                optim.prepare()
             if ok:  # a skipped non-finite batch stays out of the epoch's metrics
                 processor.update(output.item, iteration, step.sizes[index], lr)
             if self.listeners:
                 self._emit(ProcessedItem("train", epoch, iteration, total, output.item, lr))
         return finite
+
+    def _manual_step(self, batch: Any) -> Any:
+        return self.model.train_step(batch, self._manual)  # type: ignore[operator]
+
+    def _check_output(
+        self, processor: MetricsProcessor, output: Any, epoch: int, manual: bool = False
+    ) -> None:
+        """The first training output of the run: its type, its loss, what metrics read."""
+        check_train_output(self.model, output, manual)
+        processor.check("train", output.item, epoch)
+        hint = summed_loss_hint(output.item)
+        if hint is not None:
+            log.warning("%s", hint)
+        guard = self.guard
+        if not manual and guard.policy == "stop":  # the loss metric's values stand guard
+            guard.covered = processor.watch_loss(output.item, output.loss, guard.nonfinite)
 
     def _step_optimizer(self, finite: bool, epoch: int) -> None:
         if finite:
@@ -497,18 +532,22 @@ class Learner:
         counts validation points, ends the run here."""
         assert self.points is not None and planner is not None
         main = self.dist is None or self.dist.main
-        self.points.run(
-            self.model,
-            planner,
-            epoch,
-            self.iteration,
-            self.device,
-            self.dist,
-            main,
-            processor.renderer,
-            self._emit,
-            evaluation(self._ddp),
-        )
+        self._hook("on_validation_start", epoch)  # e.g. an EMA validating its weights
+        try:
+            self.points.run(
+                self.model,
+                planner,
+                epoch,
+                self.iteration,
+                self.device,
+                self.dist,
+                main,
+                processor.renderer,
+                self._emit,
+                evaluation(self._ddp),
+            )
+        finally:
+            self._hook("on_validation_end", epoch)
         why = stop_at_point(self.options.early_stopping, self.run_history)
         if why is None:
             return False
@@ -524,6 +563,7 @@ class Learner:
         self.model.eval()
         self._start_split("valid", epoch)
         processor.start_split("valid", epoch, plan.total)
+        self._hook("on_validation_start", epoch)
         try:
             with evaluation(self._ddp)(), self.optim.autocast():
                 for iteration, batch in enumerate(plan.batches(), start=1):
@@ -535,6 +575,7 @@ class Learner:
                         self._emit(ProcessedItem("valid", epoch, iteration, plan.total, item, None))
             return self._end_split(processor, "valid", epoch)
         finally:
+            self._hook("on_validation_end", epoch)
             self.model.train()
 
     def _end_split(self, processor: MetricsProcessor, split: str, epoch: int) -> dict[str, float]:
@@ -555,6 +596,7 @@ class Learner:
                 log.info("Epoch %d %s: %s", epoch, split, text)
         self.run_history.add_epoch(epoch, values)
         self.optim.lr.end_epoch(values)  # an epoch-wise schedule steps before the checkpoint
+        self._hook("on_epoch_end", epoch)  # callbacks decide before the checkpoint too
         reason = None
         stop = self.interrupter.should_stop()
         if self.dist is not None:
@@ -693,6 +735,12 @@ class Learner:
         if self.run_history.path is not None:
             self.run_history.finish(reason)
             end_session(self.artifacts, reason)
+
+    def _hook(self, name: str, epoch: int) -> None:
+        """Call a callback hook of the run's epochs and splits (none without callbacks)."""
+        if self.callbacks is not None and self.callbacks.has(name):
+            self.callbacks.ctx.epoch = epoch
+            self.callbacks.call(name)
 
     def _emit(self, event: Any) -> None:
         for listener in self.listeners:

@@ -6,6 +6,7 @@ from ember.train.metric.auroc import AurocMetric
 from ember.train.metric.average_precision import AucPrMetric
 from ember.train.metric.base import Metric, MetricMetadata, MetricValue
 from ember.train.metric.confusion import ConfusionMatrixMetric, MccMetric
+from ember.train.metric.grad_norm import GradNormMetric
 from ember.train.metric.hamming import HammingScoreMetric
 from ember.train.metric.image import DiceMetric, MsSsimMetric, PsnrMetric, SsimMetric
 from ember.train.metric.inputs import (
@@ -51,6 +52,7 @@ __all__ = [
     "CudaMetric",
     "DiceMetric",
     "FBetaScoreMetric",
+    "GradNormMetric",
     "HammingScoreMetric",
     "ImageInput",
     "IterationSpeedMetric",
