@@ -121,6 +121,33 @@ def load_example(path: Path, name: str) -> Any:
     return module
 
 
+def sigterm_when(
+    script: Path, args: Sequence[str], log: Path, lines: int = 5, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run `python script ARGS` and send it SIGTERM once `log` (a metric log of the run)
+    has `lines` lines: a run stopped in the middle of an epoch."""
+    import signal
+    import time
+
+    process = subprocess.Popen(
+        [sys.executable, str(script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if log.exists() and len(log.read_text().splitlines()) >= lines:
+            break
+        if process.poll() is not None:
+            break
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
 class StopAt:
     """A listener that stops a run gracefully after one training iteration of one epoch."""
 

@@ -10,6 +10,7 @@ from ember_testing import Classifier
 from ember.optim import AdamConfig
 from ember.train import LearnerBuilder
 from ember.train.metric import AccuracyMetric, LossMetric
+from ember.train.model_summary import ModelSummary
 from ember.train.renderer import PlainRenderer
 
 
@@ -47,7 +48,9 @@ def test_one_line_per_split_per_epoch_and_no_escape_codes(tmp_path, loaders):
     ]
     assert "7 iterations, 200 items" in done[0] and "Accuracy" in done[0] and "%" in done[0]
     assert lines[-1] == "training completed"
-    assert len(lines) == 6  # no progress line within an hour's interval
+    summary = ModelSummary.of(Classifier()).table().splitlines()
+    assert lines[1 : 1 + len(summary)] == summary  # the model summary, under the first line
+    assert len(lines) == 6 + len(summary)  # no progress line within an hour's interval
 
 
 def test_progress_lines_show_position_speed_and_metrics(tmp_path, loaders):

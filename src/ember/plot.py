@@ -4,6 +4,8 @@ For every metric log name it writes `<Metric>-iterations.png` (every iteration a
 epochs, train and valid, smoothed when long) and `<Metric>-epochs.png` (train and
 valid epoch values), and for each matrix metric (a confusion matrix)
 `<Metric>-<split>-matrix.png`, a heat map of its last epoch's counts. Needs matplotlib (`pip install ember[plot]`), imported only here.
+valid epoch values). A directory where `lr_find` ran also gets `lr-find.png`: the
+loss against the learning rate (log scale), the suggestion marked. Needs matplotlib (`pip install ember[plot]`), imported only here.
 """
 
 from __future__ import annotations
@@ -258,7 +260,14 @@ def plot_run(
 ) -> list[Path]:
     """Write the PNG charts of every metric of a run; return their paths. The default
     output directory is `ARTIFACT_DIR/plots`."""
-    metrics = read_run(artifact_dir)
+    artifacts = Artifacts(artifact_dir)
+    has_lr_find = artifacts.lr_find.is_file()
+    try:
+        metrics = read_run(artifact_dir)
+    except EmberError:
+        if not has_lr_find:
+            raise
+        metrics = []  # only a learning-rate range test so far
     _matplotlib()
     target = Path(output_dir) if output_dir is not None else Path(artifact_dir) / "plots"
     try:
@@ -272,4 +281,48 @@ def plot_run(
     for matrix in last_matrices(artifact_dir):
         path = target / f"{metric_stem(matrix.name)}-{matrix.split}-matrix.png"
         written.append(plot_matrix(matrix, path))
+    if has_lr_find:
+        written.append(plot_lr_find(artifacts.lr_find, target / "lr-find.png"))
     return written
+
+
+def plot_lr_find(source: str | os.PathLike[str], path: Path) -> Path:
+    """The learning-rate range test (`lr-find.json`): the loss of each step and its
+    smoothed curve against the rate (a log scale in exponential mode), the suggestion
+    marked with its value."""
+    from ember.train.lr_finder import LrFinderResult
+
+    result = LrFinderResult.load(source)
+    Figure, Canvas = _matplotlib()
+    figure = Figure(figsize=(9, 5), layout="constrained")
+    ax = figure.subplots()
+    colour = COLOURS["train"]
+    ax.plot(result.lrs, result.losses, color=colour, alpha=0.3, linewidth=0.8, label="loss")
+    ax.plot(result.lrs, result.smoothed, color=colour, linewidth=2.0, label="smoothed loss")
+    if result.mode == "exp":
+        ax.set_xscale("log")
+    suggestion = result.suggestion
+    if suggestion is not None:
+        index = min(range(len(result.lrs)), key=lambda i: abs(result.lrs[i] - suggestion))
+        ax.axvline(suggestion, color=COLOURS["valid"], linestyle="--", linewidth=1.2)
+        ax.plot(
+            [suggestion],
+            [result.smoothed[index]],
+            marker="o",
+            markersize=9,
+            color=COLOURS["valid"],
+            label=f"suggestion {suggestion:.3g}",
+        )
+    finite = [v for v in result.smoothed if math.isfinite(v)]
+    if finite:  # the divergence at the end would flatten the rest of the curve
+        low, high = min(finite), max(finite[: max(1, len(finite) - 1)])
+        margin = (high - low) * 0.1 or abs(high) * 0.1 or 1.0
+        ax.set_ylim(low - margin, high + margin)
+    ax.set_xlabel("learning rate" + (" (log scale)" if result.mode == "exp" else ""))
+    ax.set_ylabel("loss")
+    ax.grid(True, alpha=0.3, which="both")
+    ax.legend(loc="best", fontsize=9)
+    ended = "stopped at divergence" if result.diverged else "full range"
+    figure.suptitle(f"Learning-rate range test ({ended})", fontsize=14, fontweight="bold")
+    _save(figure, Canvas, path)
+    return path

@@ -41,8 +41,8 @@ def read_pty(process: subprocess.Popen, master: int, timeout: float = 90.0) -> s
 
 
 def check_plain(output: str, seconds: float, interval: float) -> list[str]:
-    """Plain lines only: a header, one line per split per epoch, an end line, and
-    progress lines no more often than `interval`."""
+    """Plain lines only: a header and the model summary, one line per split per epoch,
+    an end line, and progress lines no more often than `interval`."""
     lines = output.replace("\r\n", "\n").splitlines()
     assert "\x1b" not in output, output
     assert lines[0] == "renderer PlainRenderer", output
@@ -51,7 +51,10 @@ def check_plain(output: str, seconds: float, interval: float) -> list[str]:
     assert "training completed" in lines, output
     progress = [line for line in lines if " iter " in line and " items/s" in line]
     assert len(progress) <= seconds / interval + 2, output
-    assert len(lines) <= 20 + len(progress), output
+    # the model summary table, shown by the renderer (and by the script's log handler)
+    summary = [line for line in lines if line.startswith("|") or line.endswith("Model Blobs:")]
+    assert "Model Blobs:" in lines and any(line.startswith("| Total") for line in lines), output
+    assert len(lines) <= 20 + len(progress) + len(summary), output
     return progress
 
 

@@ -504,3 +504,23 @@ def test_no_y_axis_label_is_drawn_twice_at_160_columns(tmp_path):
         assert len({float(label) for label in labels}) == len(labels), (view, labels)
         renderer.press("down")
         renderer._draw()
+
+
+def test_the_model_summary_is_above_the_dashboard_and_the_stop_rule_in_its_footer(tmp_path):
+    from ember.train import MetricEarlyStoppingStrategy
+
+    console, out = fake_terminal()
+    learner = (
+        LearnerBuilder(tmp_path / "run")
+        .metric_valid_numeric(LossMetric())
+        .early_stopping(MetricEarlyStoppingStrategy(LossMetric(), stopping_threshold=1e9))
+        .num_epochs(3)
+        .renderer(TuiRenderer(console=console))
+        .build(Blobs(sleep=0.0), AdamConfig().init(), 1e-2)
+    )
+    learner.fit(blobs(20, seed=1), blobs(5, seed=2))
+    shown = out.getvalue()
+    assert shown.index("Model Blobs:") < shown.index("╭─ metrics")  # printed before the first frame
+    assert "| Total  | Blobs" in shown
+    assert learner.outcome.startswith("stopped early: valid Loss reached the stopping threshold")
+    assert f"training {learner.outcome}" in shown.split("\x1b[2K")[-1]  # the last frame

@@ -1,13 +1,15 @@
 """A small training run driven by tests in a subprocess (kills, signals, resume).
 
 Usage: python train_blobs.py DIR [--epochs N] [--resume] [--workers N] [--accumulation N]
-       [--sleep SECONDS] [--ready FILE]
-Writes the final weights to DIR/final.mpk when training completes.
+       [--sleep SECONDS] [--ready FILE] [--valid-every N] [--ema]
+Writes the final weights to DIR/final.mpk when training completes; with --ema (an EMA
+callback and the gradient norm metric), the EMA weights to DIR/ema.mpk.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from pathlib import Path
@@ -21,7 +23,8 @@ from ember.data import DataLoaderBuilder
 from ember.optim import AdamConfig
 from ember.record import DefaultRecorder
 from ember.train import LearnerBuilder
-from ember.train.metric import AccuracyMetric, LossMetric
+from ember.train.callbacks import EMA
+from ember.train.metric import AccuracyMetric, GradNormMetric, LossMetric
 from ember.train.renderer import PlainRenderer
 
 
@@ -47,6 +50,8 @@ def main() -> int:
     parser.add_argument("--accumulation", type=int, default=1)
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--ready", default=None)
+    parser.add_argument("--ema", action="store_true")
+    parser.add_argument("--valid-every", type=int, default=None)
     args = parser.parse_args()
 
     ember.seed(9)
@@ -87,10 +92,17 @@ def main() -> int:
                 .num_epochs(args.epochs)
                 .renderer(PlainRenderer(interval=3600))
             )
+    ema = EMA(decay=0.9, validate_with_ema=True)
+    if args.ema:
+        builder = builder.callback(ema).metric_train_numeric(GradNormMetric())
+    if args.valid_every is not None:
+        builder = builder.valid_every(args.valid_every)
     learner = builder.build(Slow(args.sleep, args.ready), AdamConfig().init(), 1e-2)
     model = learner.fit(train, valid)
     if learner.outcome == "completed":
         DefaultRecorder().save(model, Path(args.dir) / "final")
+        if args.ema:
+            DefaultRecorder().save(ema.copy_to(copy.deepcopy(model)), Path(args.dir) / "ema")
     return learner.exit_code
 
 

@@ -3,7 +3,8 @@
 Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-rank R]
     [--hang-rank R] [--slow SECONDS] [--events FILE] [--timeout SECONDS] [--resume]
     [--strategy ddp|fsdp] [--sharded-checkpoints] [--mlp] [--adam] [--accumulate K]
-    [--clip NORM] [--device cpu|cuda]
+    [--clip NORM] [--device cpu|cuda] [--recompute]
+    [--valid-every N] [--limit-train N]
 Under torchrun, pass --processes 1: torchrun provides the processes.
 
 --strategy fsdp shards the model (each hidden block of --mlp is a unit of its own),
@@ -12,7 +13,8 @@ Under torchrun, pass --processes 1: torchrun provides the processes.
 state is sharded too), --accumulate and --clip set gradient accumulation and clipping.
 
 --fail-rank raises in the third training step of that rank, --hang-rank sleeps there
-for an hour; --slow sleeps in every step. --events appends "<what> <rank> <time>" lines
+for an hour; --slow sleeps in every step; --recompute turns on activation
+checkpointing of the model's Linear layer. --events appends "<what> <rank> <time>" lines
 to FILE (each step, the failure, the hang), so a test can time what follows. The
 process exits with `learner.exit_code`.
 """
@@ -109,6 +111,9 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=None)
     parser.add_argument("--sharded-checkpoints", action="store_true")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--valid-every", type=int, default=None)
+    parser.add_argument("--limit-train", type=int, default=None)
+    parser.add_argument("--recompute", action="store_true")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -128,6 +133,12 @@ def main() -> None:
             strategy["sharded_checkpoints"] = True
     if args.resume:
         builder = builder.checkpoint("latest")
+    if args.valid_every is not None:
+        builder = builder.valid_every(args.valid_every)
+    if args.limit_train is not None:
+        builder = builder.limit_batches(train=args.limit_train)
+    if args.recompute:
+        builder = builder.activation_checkpointing(nn.Linear)
     learner = (
         builder.metric_train_numeric(AccuracyMetric())
         .metric_train_numeric(LossMetric())

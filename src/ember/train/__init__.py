@@ -16,9 +16,11 @@ from ember.train.events import (
     Start,
     StartEpoch,
     StartSplit,
+    ValidPoint,
 )
 from ember.train.interrupter import Interrupter
 from ember.train.learner import Learner
+from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.output import (
     ClassificationOutput,
     ImageOutput,
@@ -27,6 +29,7 @@ from ember.train.output import (
     SequenceOutput,
     TextOutput,
 )
+from ember.train.smoke import SmokeReport, SmokeTestError
 from ember.train.step import TrainOutput, TrainStep, ValidStep
 
 __all__ = [
@@ -43,17 +46,22 @@ __all__ = [
     "Learner",
     "LearnerBuilder",
     "Listener",
+    "LrFinderResult",
     "MetricCheckpointingStrategy",
     "MetricEarlyStoppingStrategy",
     "MultiLabelClassificationOutput",
     "ProcessedItem",
     "RegressionOutput",
     "SequenceOutput",
+    "SmokeReport",
+    "SmokeTestError",
     "Start",
     "StartEpoch",
     "StartSplit",
     "TextOutput",
     "TrainOutput",
     "TrainStep",
+    "ValidPoint",
     "ValidStep",
+    "lr_find",
 ]

@@ -12,7 +12,12 @@ ARTIFACT_DIR/
 ├── checkpoint/                 the file checkpointer's records
 ├── train/epoch-N/<Metric>.log  one "value,weight" line per iteration
 ├── train/epoch-N/<Metric>.json the epoch's count matrix of a matrix metric (confusion matrix)
-└── valid/epoch-N/<Metric>.log
+├── valid/epoch-N/<Metric>.log  the end-of-epoch validation
+├── valid/epoch-N/iteration-K/<Metric>.log
+│                               a validation inside epoch N, after K training batches
+│                               (`valid_every`), one line per validation batch (and
+│                               a matrix metric's `<Metric>.json`)
+└── lr-find.json                the learning-rate range test's curve (`lr_find`)
 ```
 
 Everything else asks this module for a path or a parsed line; nothing builds one itself.
@@ -53,6 +58,7 @@ __all__ = [
 SPLITS = ("train", "valid")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+\-=@%()\[\]]")
 _EPOCH_DIR = re.compile(r"^epoch-(\d+)$")
+_POINT_DIR = re.compile(r"^iteration-(\d+)$")
 _TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
 log = logging.getLogger(__name__)
 
@@ -263,6 +269,36 @@ class Artifacts:
     def metric_log(self, split: str, epoch: int, name: str) -> Path:
         return metric_log_path(self.root / split, epoch, name)
 
+    # Validation inside an epoch (valid_every) ------------------------------------------
+    def point_dir(self, epoch: int, iteration: int) -> Path:
+        """`valid/epoch-N/iteration-K/`: the validation run inside epoch N after its K-th
+        training batch. The end-of-epoch files of `valid/epoch-N/` keep their meaning."""
+        return self.epoch_dir("valid", epoch) / f"iteration-{iteration}"
+
+    def point_log(self, epoch: int, iteration: int, name: str) -> Path:
+        """`valid/epoch-N/iteration-K/<Metric>.log`: one `value,weight` line per batch."""
+        return self.point_dir(epoch, iteration) / metric_file_name(name)
+
+    def point_matrix_file(self, epoch: int, iteration: int, name: str) -> Path:
+        """`valid/epoch-N/iteration-K/<Metric>.json`: a matrix metric's counts at a point."""
+        return self.point_dir(epoch, iteration) / matrix_file_name(name)
+
+    def point_dirs(self, epoch: int) -> dict[int, Path]:
+        """The `iteration-K` folders of epoch N's validation, by K."""
+        found: dict[int, Path] = {}
+        directory = self.epoch_dir("valid", epoch)
+        if directory.is_dir():
+            for entry in directory.iterdir():
+                match = _POINT_DIR.match(entry.name)
+                if match and entry.is_dir():
+                    found[int(match.group(1))] = entry
+        return found
+
+    @property
+    def lr_find(self) -> Path:
+        """`lr-find.json`: the curve of the learning-rate range test (`lr_find`)."""
+        return self.root / "lr-find.json"
+
     # Evaluations -------------------------------------------------------------------
     @property
     def evaluation_log(self) -> Path:
@@ -392,9 +428,24 @@ class Artifacts:
                 if epoch > resume_epoch:
                     shutil.rmtree(path)
 
-    def drop_epoch(self, split: str, epoch: int) -> None:
-        """Remove a split's logs of one epoch (a resumed run redoes it)."""
-        shutil.rmtree(self.epoch_dir(split, epoch), ignore_errors=True)
+    def drop_epoch(self, split: str, epoch: int, points_through: int | None = None) -> None:
+        """Remove a split's logs of one epoch (a resumed run redoes it). With
+        `points_through`, the validation points inside the epoch up to that training
+        iteration stay (they ran before the checkpoint the run resumes from)."""
+        if points_through is None:
+            shutil.rmtree(self.epoch_dir(split, epoch), ignore_errors=True)
+            return
+        directory = self.epoch_dir(split, epoch)
+        if not directory.is_dir():
+            return
+        kept = {path for k, path in self.point_dirs(epoch).items() if k <= points_through}
+        for entry in directory.iterdir():
+            if entry in kept:
+                continue
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
     def truncate_metric_log(
         self, split: str, epoch: int, name: str, keep: int

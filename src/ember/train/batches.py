@@ -16,7 +16,7 @@ import logging
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 from ember.data.device import first_dim
-from ember.errors import TrainingError
+from ember.errors import ConfigError, TrainingError
 from ember.train.position import Position
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,7 @@ class EpochPlan:
         drop: int,
         shards: ShardPlan | None,
         world: int,
+        limit: int | None = None,
     ) -> None:
         self.loader = loader
         self.accumulation = accumulation
@@ -109,11 +110,19 @@ class EpochPlan:
         self._drop = drop
         self._shards = shards
         self._world = world
+        self._limit = limit
 
-    def __iter__(self) -> Iterator[Step]:
+    def batches(self) -> Iterator[Any]:
+        """The epoch's batches from where a resumed run stands, up to the batch limit."""
         batches = iter(self.loader)
         for _ in itertools.islice(batches, self._drop):
             pass  # a resumed run whose sampler cannot skip: read and drop
+        if self._limit is not None:
+            return itertools.islice(batches, max(0, self._limit - self.start.iteration))
+        return batches
+
+    def __iter__(self) -> Iterator[Step]:
+        batches = self.batches()
         done = 0  # batches of this run so far
         shards, world = self._shards, self._world
         while True:
@@ -139,12 +148,45 @@ class BatchPlanner:
     number of processes, when there are several)."""
 
     def __init__(
-        self, loader: Iterable[Any], accumulation: int = 1, shard: tuple[int, int] | None = None
+        self,
+        loader: Iterable[Any],
+        accumulation: int = 1,
+        shard: tuple[int, int] | None = None,
+        limit: int | float | None = None,
     ) -> None:
         self.loader = loader
         self.accumulation = accumulation
         self.shard = shard
         self.sampler = find_sampler(loader)
+        self.limit = limit
+        """At most this many batches per epoch (an int), or this fraction of the
+        loader's batches (a float in (0, 1]); None: every batch."""
+
+    def check_limit(self, name: str, option: str) -> None:
+        """A fraction needs the loader's length: refused at once when it has none."""
+        if isinstance(self.limit, float) and self._length() is None:
+            raise ConfigError(
+                f"limit_batches({option}={self.limit!r}): a fraction of the {name} loader's "
+                "batches needs its length, and this loader has no len(). Give a number of "
+                f"batches instead, e.g. limit_batches({option}=10)."
+            )
+
+    def limited(self, batches: int | None) -> int | None:
+        """The batches an epoch takes out of `batches` (None: unknown) under the limit."""
+        limit = self.limit
+        if limit is None:
+            return batches
+        if isinstance(limit, float):
+            if batches is None:
+                return None
+            return max(1, int(limit * batches)) if batches else 0
+        return limit if batches is None else min(limit, batches)
+
+    def _length(self) -> int | None:
+        try:
+            return len(self.loader)  # type: ignore[arg-type]
+        except TypeError:
+            return None
 
     def check_shardable(self, name: str) -> None:
         """Several processes need a sampler that gives each one its exact share."""
@@ -180,7 +222,11 @@ class BatchPlanner:
             int(self.loader.batch_size),  # type: ignore[attr-defined]
             bool(self.loader.drop_last),  # type: ignore[attr-defined]
         )
-        return [plan.batches(length) for length in plan.lengths]
+        counts = [plan.batches(length) for length in plan.lengths]
+        if self.limit is None:
+            return counts
+        limit = self.limited(max(counts))  # the batch limit, the same for every process
+        return [count if limit is None else min(count, limit) for count in counts]
 
     def batches_per_epoch(self) -> int | None:
         """Batches of an epoch on the process that has the most (None when the loader
@@ -188,10 +234,7 @@ class BatchPlanner:
         counts = self._batch_counts()
         if counts is not None:
             return max(counts)
-        try:
-            return len(self.loader)  # type: ignore[arg-type]
-        except TypeError:
-            return None
+        return self.limited(self._length())
 
     def steps_per_epoch(self) -> int | None:
         """Optimizer steps of an epoch: its batches in groups of `accumulation`."""
@@ -204,6 +247,11 @@ class BatchPlanner:
         sampler, skipped = self.sampler, False
         if sampler is not None:
             sampler.set_epoch(epoch)
+        # the batch limit of this epoch, counted on the whole epoch (before any skip)
+        limit = self.limit if isinstance(self.limit, int) else None
+        if isinstance(self.limit, float):
+            limit = self.batches_per_epoch()
+        if sampler is not None:
             if start.items and callable(getattr(sampler, "skip", None)):
                 sampler.skip(start.items)
                 skipped = True
@@ -215,12 +263,11 @@ class BatchPlanner:
                 "dropping the batches already seen this epoch (build loaders with "
                 "DataLoaderBuilder to avoid it)."
             )
-        try:
-            total: int | None = len(self.loader)  # type: ignore[arg-type]
-        except TypeError:
-            total = None
+        total = self._length()
         if total is not None and skipped:
             total += start.iteration
+        if limit is not None:  # a loader without length counts as long as the limit
+            total = limit if total is None else min(total, limit)
         shards = None
         if self.shard is not None:
             shards = ShardPlan(
@@ -228,6 +275,8 @@ class BatchPlanner:
                 int(self.loader.batch_size),  # type: ignore[attr-defined]
                 bool(self.loader.drop_last),  # type: ignore[attr-defined]
             )
+            if limit is not None:
+                shards.min_batches = min(shards.min_batches, limit - start.iteration)
         world = self.shard[1] if self.shard is not None else 1
         drop = 0 if skipped else start.iteration
-        return EpochPlan(self.loader, self.accumulation, start, total, drop, shards, world)
+        return EpochPlan(self.loader, self.accumulation, start, total, drop, shards, world, limit)

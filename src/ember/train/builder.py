@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
@@ -13,6 +13,7 @@ from ember.environment import from_environment
 from ember.errors import ConfigError
 from ember.lr.base import ConstantLr, LrDriver, StepsUnknown
 from ember.train.artifacts import Artifacts
+from ember.train.callbacks.base import Callbacks, Context, check_callback, is_callback
 from ember.train.checkpoint.base import Checkpointer
 from ember.train.checkpoint.file import FileCheckpointer, other_checkpoint_formats
 from ember.train.checkpoint.strategy import (
@@ -26,6 +27,7 @@ from ember.train.early_stopping import EarlyStoppingStrategy, PruningStrategy
 from ember.train.events import Listener
 from ember.train.interrupter import Interrupter
 from ember.train.logger.base import MetricLogger
+from ember.train.manual import ManualOptimization, check_automatic, check_manual
 from ember.train.metric.base import Metric
 from ember.train.optimization import Optimization, check_mixed_precision
 from ember.train.options import LearnerOptions, RegisteredMetric
@@ -68,6 +70,7 @@ class LearnerBuilder:
         self._checkpoint: int | str | None = None
         self._interrupter = Interrupter()
         self._listeners: list[Listener] = []
+        self._callbacks: list[Any] = []
         self._application_log: bool = True
         self._summary = False
         self._mixed_precision: str | None = None
@@ -82,11 +85,23 @@ class LearnerBuilder:
         self._monitor: tuple[str, str] | None = None
         self._hparams: dict[str, Any] | None = None
         self._pruning: PruningStrategy | None = None
+        self._valid_every: int | None = None
+        self._limits: dict[str, int | float | None] = {"train": None, "valid": None}
+        self._model_summary: int | None = 1
+        self._recompute: tuple[type, ...] = ()
 
     # Metrics -----------------------------------------------------------------
     def _add_metric(self, split: str, metric: Any, numeric: bool) -> LearnerBuilder:
         check_plugin(metric, Metric, "a metric")
         name = str(metric.name)
+        if is_callback(metric):  # it measures training through the callback hooks
+            if split != "train":
+                raise ConfigError(
+                    f"{type(metric).__name__} measures training steps: register it with "
+                    "metric_train(...) or metric_train_numeric(...), not for validation."
+                )
+            if not any(known is metric for known in self._callbacks):
+                self._callbacks.append(metric)
         if any(existing.name == name for existing in self._metrics[split]):
             raise ConfigError(
                 f"The metric {name!r} is registered twice for {split}: register each metric "
@@ -161,10 +176,44 @@ class LearnerBuilder:
         self._listeners.append(listener)
         return self
 
+    def callback(self, callback: Any) -> LearnerBuilder:
+        """Register a callback (`ember.train.callbacks.Callback`): hooks that may change
+        training (gradients, weights), whose `state_dict()` every checkpoint keeps and a
+        resumed run gets back. Callbacks are called in the order they are registered."""
+        check_callback(callback)
+        if any(known is callback for known in self._callbacks):
+            raise ConfigError(
+                f"This {type(callback).__name__} is registered twice: register each callback "
+                "once (a metric that is a callback, like GradNormMetric, is registered by "
+                "metric_train)."
+            )
+        self._callbacks.append(callback)
+        return self
+
     # Training ----------------------------------------------------------------
     def grads_accumulation(self, steps: int) -> LearnerBuilder:
         """Step the optimizer every `steps` batches (gradients summed as a mean)."""
         self._grads_accumulation = _positive_int(steps, "grads_accumulation")
+        return self
+
+    def valid_every(self, steps: int) -> LearnerBuilder:
+        """Also validate inside each epoch, every `steps` optimizer steps, on the whole
+        validation loader; the end-of-epoch validation stays as it is."""
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ConfigError(
+                f"valid_every takes a number of optimizer steps, an int >= 1, got {steps!r} "
+                "(e.g. valid_every(500) validates every 500 optimizer steps)."
+            )
+        self._valid_every = steps
+        return self
+
+    def limit_batches(
+        self, train: int | float | None = None, valid: int | float | None = None
+    ) -> LearnerBuilder:
+        """Use only the first batches of each epoch: a count (an int >= 1) or a fraction
+        of the loader's batches (a float in (0, 1]); None leaves a split whole."""
+        for split, limit in (("train", train), ("valid", valid)):
+            self._limits[split] = _batch_limit(limit, split)
         return self
 
     def num_epochs(self, epochs: int) -> LearnerBuilder:
@@ -268,6 +317,31 @@ class LearnerBuilder:
         self._monitor = (split, metric if isinstance(metric, str) else str(metric.name))
         return self
 
+    def model_summary(self, depth: int | None = 1) -> LearnerBuilder:
+        """The table of the model's modules down to `depth` levels (parameters trainable
+        and frozen, size, dtypes) that `fit` writes to experiment.log and shows at the
+        top of the output when it starts; on by default at depth 1. None turns it off
+        (the warnings about eval mode and frozen parameters are logged either way)."""
+        if depth is not None and (
+            isinstance(depth, bool) or not isinstance(depth, int) or depth < 1
+        ):
+            raise ConfigError(
+                f"model_summary(depth=...) takes an int >= 1, or None for no summary; got {depth!r}."
+            )
+        self._model_summary = depth
+        return self
+
+    def activation_checkpointing(self, module_classes: Any) -> LearnerBuilder:
+        """Recompute the activations of every submodule of these classes (e.g. the
+        model's transformer blocks) in the backward pass instead of keeping them: less
+        memory for more compute. Uses PyTorch's non-reentrant checkpoint wrapper, which
+        gives the same gradients (dropout included), works with mixed precision and DDP,
+        and keeps the plain model's checkpoint keys."""
+        from ember.train.activation_checkpointing import module_classes as checked
+
+        self._recompute = checked(module_classes)
+        return self
+
     def compile(self, **options: Any) -> LearnerBuilder:
         """Compile the model with `torch.compile` (`options` are its keyword arguments,
         e.g. `mode="max-autotune"`, `backend="inductor"`). The module is compiled in
@@ -323,7 +397,11 @@ class LearnerBuilder:
     def build(self, model: torch.nn.Module, optimizer: Any, lr: Any) -> Learner:
         """The Learner for `model`. `optimizer` is a torch optimizer over the model's
         parameters or an ember optimizer config; `lr` a float, an ember scheduler or a
-        `torch.optim.lr_scheduler` object."""
+        `torch.optim.lr_scheduler` object.
+
+        Custom optimization: `optimizer` a dict of named optimizers (`{"gen": ...,
+        "disc": ...}`), `lr` a dict with the same names (or one float for all), and the
+        model's `train_step(batch, ctx)` steps them through `ctx`."""
         from ember.train.learner import Learner
         from ember.train.renderer.select import default_renderer
 
@@ -336,6 +414,11 @@ class LearnerBuilder:
                 "itself and ask for compilation with LearnerBuilder.compile(**options)."
             )
         check_steps(model)
+        manual = isinstance(optimizer, Mapping)
+        if manual:
+            check_manual(model, optimizer, lr)
+        else:
+            check_automatic(model)
         if self._fsdp is not None and self._mixed_precision == "fp16":
             raise ConfigError(
                 "mixed_precision('fp16') needs a gradient scaler that FSDP's sharded gradients "
@@ -343,6 +426,11 @@ class LearnerBuilder:
                 "devices(..., strategy='fsdp', mixed_precision='bf16')."
             )
         placement = from_environment()
+        if manual and ((self._devices is not None and len(self._devices) > 1) or placement):
+            raise ConfigError(
+                "Custom optimization (a dict of optimizers) runs on one device: several "
+                "processes are not supported with it. Train on one device."
+            )
         if self._devices is None and placement is None:
             device = _model_device(model)
         else:
@@ -352,21 +440,14 @@ class LearnerBuilder:
                 "FSDP's cpu_offload=True keeps the shards of a model trained on GPUs in host "
                 "memory; this run trains on the CPU, where they are already. Drop cpu_offload."
             )
+        if self._recompute:
+            from ember.train.activation_checkpointing import apply
+
+            apply(model, self._recompute)
         model.to(device)
         if self._compile is not None:
             model.compile(**self._compile)
-        lr, interval = _interval(lr)
-        scheduler, pending = _scheduler(lr)
-        torch_optimizer = _bind_optimizer(optimizer, model, _initial_lr(scheduler))
-        optimization = Optimization(
-            model,
-            torch_optimizer,
-            LrDriver(scheduler, torch_optimizer, pending, interval, self._lr_monitor()),
-            device,
-            self._mixed_precision,  # type: ignore[arg-type]
-            self._clip_norm,
-            self._clip_value,
-        )
+        optimization = self._optimization(model, optimizer, lr, device)
         checkpointer = self._checkpointer
         if self._recorder is not None:
             checkpointer = FileCheckpointer(
@@ -405,11 +486,44 @@ class LearnerBuilder:
             early_stopping=self._early_stopping,
             nonfinite_loss=self._nonfinite,
             compile=self._compile,
+            model_summary=self._model_summary,
+            activation_checkpointing=self._recompute,
             resume_hyperparameters=self._resume_hyperparameters,
             hparams=self._hparams,
             pruning=self._pruning,
+            valid_every=self._valid_every,
+            limit_batches=(self._limits["train"], self._limits["valid"]),
         )
         return Learner(options)
+
+    def _optimization(
+        self, model: torch.nn.Module, optimizer: Any, lr: Any, device: torch.device
+    ) -> Optimization:
+        """The optimizer(s) bound to the model, their schedules, and the callbacks."""
+        named = dict(optimizer) if isinstance(optimizer, Mapping) else {"optimizer": optimizer}
+        optimizers, drivers = {}, {}
+        for name, given in named.items():
+            rate = lr[name] if isinstance(lr, Mapping) else lr
+            rate, interval = _interval(rate)
+            scheduler, pending = _scheduler(rate)
+            bound = _bind_optimizer(given, model, _initial_lr(scheduler))
+            optimizers[name] = bound
+            drivers[name] = LrDriver(scheduler, bound, pending, interval, self._lr_monitor())
+        if len(optimizers) > 1:
+            _check_disjoint(optimizers)
+        callbacks = None
+        if self._callbacks:
+            callbacks = Callbacks(self._callbacks, Context(model, optimizers, self._num_epochs))
+        options: tuple[Any, ...] = (
+            device,
+            self._mixed_precision,
+            self._clip_norm,
+            self._clip_value,
+            callbacks,
+        )
+        if isinstance(optimizer, Mapping):
+            return ManualOptimization(model, optimizers, drivers, *options)
+        return Optimization(model, optimizers["optimizer"], drivers["optimizer"], *options)
 
     def _lr_monitor(self) -> tuple[str, str]:
         if self._monitor is not None:
@@ -487,6 +601,46 @@ def _check_available(device: torch.device) -> None:
             )
     elif device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"devices(): {device} is not available on this machine. Use 'cpu'.")
+
+
+def _check_disjoint(optimizers: Mapping[str, torch.optim.Optimizer]) -> None:
+    """Two optimizers must not update the same tensor."""
+    owner: dict[int, str] = {}
+    for name, optimizer in optimizers.items():
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                other = owner.setdefault(id(param), name)
+                if other != name:
+                    raise ConfigError(
+                        f"The optimizers {other!r} and {name!r} both update a tensor of shape "
+                        f"{tuple(param.shape)}: each parameter belongs to one optimizer. "
+                        "Create each one on its part of the model (e.g. "
+                        "model.generator.parameters())."
+                    )
+
+
+def _batch_limit(limit: Any, split: str) -> int | float | None:
+    """A checked `limit_batches` value: None, an int >= 1 or a float in (0, 1]."""
+    if limit is None:
+        return None
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        if limit >= 1:
+            return limit
+        raise ConfigError(
+            f"limit_batches({split}={limit!r}): a number of batches must be >= 1 (leave "
+            f"{split} out, or None, to use every batch)."
+        )
+    if isinstance(limit, float):
+        if 0.0 < limit <= 1.0:
+            return limit
+        raise ConfigError(
+            f"limit_batches({split}={limit!r}): a fraction of the batches must be in (0, 1]; "
+            f"for a number of batches give an int, e.g. limit_batches({split}=10)."
+        )
+    raise ConfigError(
+        f"limit_batches({split}=...) takes an int (batches) or a float in (0, 1] (a fraction "
+        f"of the loader's batches), got {type(limit).__name__} {limit!r}."
+    )
 
 
 def _checkpoint_error_policy(value: str) -> str:

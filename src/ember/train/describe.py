@@ -57,10 +57,21 @@ def describe_run(learner: Any, info: RunInfo) -> str:
         extras.append(f"gradient norm clipped at {optim.clip_norm}")
     if optim.clip_value is not None:
         extras.append(f"gradient values clipped at {optim.clip_value}")
+    recomputed = learner.options.activation_checkpointing
+    if recomputed:
+        classes = ", ".join(kind.__name__ for kind in recomputed)
+        extras.append(f"activation checkpointing ({classes})")
     compiled = learner.options.compile
     if compiled is not None:
         options = ", ".join(f"{key}={value!r}" for key, value in compiled.items())
         extras.append(f"compiled ({options or 'torch.compile defaults'})")
+    every = learner.options.valid_every
+    if every is not None:
+        extras.append(f"validation every {every} optimizer steps")
+    for split, limit in zip(("train", "valid"), learner.options.limit_batches):
+        if limit is not None:
+            share = f"{limit:.0%}" if isinstance(limit, float) else str(limit)
+            extras.append(f"{split} limited to {share} of the batches of each epoch")
     dist = learner.dist
     if dist is not None:
         extras.append(f"{dist.world} processes ({dist.backend}), rank 0 writes the artifacts")
@@ -70,8 +81,13 @@ def describe_run(learner: Any, info: RunInfo) -> str:
     return (
         f"Training {info.model_name} ({info.num_parameters:,} parameters) on "
         f"{', '.join(info.devices)}: epochs {info.start_epoch} to {info.num_epochs}, optimizer "
-        f"{type(optim.optimizer).__name__}, lr {type(optim.lr.scheduler).__name__}, gradient "
+        f"{_named(optim.optimizer)}, lr {_named(optim.lr.scheduler)}, gradient "
         f"accumulation {learner.grads_accumulation}{''.join(', ' + e for e in extras)}; "
         f"metrics train [{names['train']}], valid [{names['valid']}]; python "
         f"{sys.version.split()[0]}, torch {torch.__version__}"
     )
+
+
+def _named(part: Any) -> str:
+    """An optimizer's or a schedule's class; several named ones describe themselves."""
+    return str(getattr(part, "description", type(part).__name__))

@@ -56,6 +56,16 @@ class EndEpoch:
 
 
 @dataclass(frozen=True)
+class ValidPoint:
+    """A validation inside `epoch` (`valid_every`) ended, after `iteration` training
+    batches of the epoch; `values[metric]` are its values over the validation data."""
+
+    epoch: int
+    iteration: int
+    values: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class End:
     """Training ended after `epoch`; `reason` says why ("completed", "stopped: ...", "failed")."""
 
@@ -63,7 +73,7 @@ class End:
     reason: str
 
 
-Event = Start | StartEpoch | StartSplit | ProcessedItem | EndEpoch | End
+Event = Start | StartEpoch | StartSplit | ProcessedItem | ValidPoint | EndEpoch | End
 
 
 @runtime_checkable

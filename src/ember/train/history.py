@@ -15,14 +15,18 @@ epoch end costs one short line however long the run:
 {"checkpoints": {"add": [1], "remove": []}}
 {"epoch": 2, "train": {...}, "valid": {...}}
 {"checkpoints": {"add": [2], "remove": [1]}}
-{"keep_before": 2}
-{"outcome": "completed"}
+{"point": {"epoch": 3, "iteration": 40, "valid": {"Loss": 0.21...}}}
+{"keep_before": 2, "iteration": 0}
+{"outcome": "completed", "stop_reason": {"reason": "completed"}}
 ```
 
 Reading replays the records in order: an epoch record adds the epoch (replacing
 one of the same number), `keep_before` forgets the epochs from that one on (a run
 resumed before them redoes them) and clears the outcome, `checkpoints` adds and
-removes epochs with a complete checkpoint after retention. A line cut short by a
+removes epochs with a complete checkpoint after retention, `point` adds a validation
+inside an epoch (`valid_every`: the epoch, the training batches done in it, the
+values), `keep_before` also forgets the points after `iteration` batches of its
+epoch, and `outcome` comes with `stop_reason` (`Outcome.to_json()`, or null). A line cut short by a
 kill (the last one, without its newline) is ignored. A process that starts writing
 a history (a new run, or one resumed) first rewrites the whole file atomically
 (header and one record per fact), then appends.
@@ -52,6 +56,12 @@ History = Sequence[tuple[int, Mapping[str, Mapping[str, float]]]]
 FORMAT = "ember-history"
 VERSION = 2
 """The version `history.jsonl` is written in; version 1 (`history.json`) is read too."""
+
+
+Points = Sequence[tuple[int, "int | None", Mapping[str, Mapping[str, float]]]]
+"""Validation points in order: (epoch, iteration, {"valid": {metric name: value}}), the
+iteration being the training batches done in the epoch, or None for the validation at
+the epoch's end."""
 
 
 def metric_name(metric: Any) -> str:
@@ -95,6 +105,15 @@ class Monitor:
             and not math.isnan(values[self.split][self.name])
         ]
 
+    def point_series(self, points: Points) -> list[tuple[int, int | None, float]]:
+        """(epoch, iteration, value) of every point that has a value that is not NaN."""
+        return [
+            (epoch, iteration, float(values[self.split][self.name]))
+            for epoch, iteration, values in points
+            if self.name in values.get(self.split, {})
+            and not math.isnan(values[self.split][self.name])
+        ]
+
     def best(self, history: History) -> tuple[int, float] | None:
         """The best epoch and its value (the earliest one on a tie), or None."""
         sign = 1.0 if self.direction == "lowest" else -1.0
@@ -118,7 +137,12 @@ class RunHistory:
         self.path = Path(path) if path is not None else None
         self.epochs: list[tuple[int, dict[str, dict[str, float]]]] = []
         self.checkpoints: list[int] = []
+        self.points: list[tuple[int, int, dict[str, dict[str, float]]]] = []
+        """Mid-epoch validation points: (epoch, iteration, {"valid": {metric: value}})."""
         self.outcome: str | None = None
+        self.stop_reason: dict[str, Any] | None = None
+        """Why the run ended, once it has (`Outcome.to_json()`: "reason", and for early
+        stopping "rule", "split", "metric", "epoch", "value", "reference")."""
         self.model: str | None = None
         self.num_parameters: int | None = None
         self._lock = threading.Lock()
@@ -140,13 +164,33 @@ class RunHistory:
             self.epochs.append((epoch, entry))
             self._write(_epoch_record(epoch, entry))
 
-    def keep_before(self, epoch: int) -> None:
-        """Forget the epochs from `epoch` on (a run resumed before them redoes them)."""
+    def add_point(
+        self, epoch: int, iteration: int, values: Mapping[str, Mapping[str, float]]
+    ) -> None:
+        """The values of a validation point inside `epoch`, after `iteration` batches."""
+        entry = {split: dict(split_values) for split, split_values in values.items()}
         with self._lock:
-            self.epochs = [(e, v) for e, v in self.epochs if e < epoch]
-            self.checkpoints = [e for e in self.checkpoints if e < epoch]
-            self.outcome = None
-            self._write({"keep_before": epoch})
+            self._add_point(epoch, iteration, entry)
+            self._write({"point": _point_record(epoch, iteration, entry)})
+
+    def _add_point(self, epoch: int, iteration: int, entry: dict[str, dict[str, float]]) -> None:
+        if self.points and (self.points[-1][0], self.points[-1][1]) >= (epoch, iteration):
+            self.points = [p for p in self.points if (p[0], p[1]) < (epoch, iteration)]
+        self.points.append((epoch, iteration, entry))
+
+    def keep_before(self, epoch: int, iteration: int = 0) -> None:
+        """Forget the epochs from `epoch` on (a run resumed before them redoes them), and
+        the validation points after `iteration` batches of `epoch`."""
+        with self._lock:
+            self._keep_before(epoch, iteration)
+            self._write({"keep_before": epoch, "iteration": iteration})
+
+    def _keep_before(self, epoch: int, iteration: int) -> None:
+        self.epochs = [(e, v) for e, v in self.epochs if e < epoch]
+        self.points = [p for p in self.points if (p[0], p[1]) <= (epoch, iteration)]
+        self.checkpoints = [e for e in self.checkpoints if e < epoch]
+        self.outcome = None
+        self.stop_reason = None
 
     def set_checkpoints(self, epochs: Sequence[int]) -> None:
         with self._lock:
@@ -159,9 +203,12 @@ class RunHistory:
                 self._write({"checkpoints": {"add": added, "remove": removed}})
 
     def finish(self, outcome: str) -> None:
+        """The run ended: its outcome text, and its reason when `outcome` is an `Outcome`."""
+        to_json = getattr(outcome, "to_json", None)
         with self._lock:
-            self.outcome = outcome
-            self._write({"outcome": outcome})
+            self.outcome = str(outcome)
+            self.stop_reason = to_json() if callable(to_json) else None
+            self._write({"outcome": self.outcome, "stop_reason": self.stop_reason})
 
     # Reading --------------------------------------------------------------------------
     def entries(self) -> list[tuple[int, dict[str, dict[str, float]]]]:
@@ -170,9 +217,14 @@ class RunHistory:
         with self._lock:
             return list(self.epochs)
 
+    def point_entries(self) -> list[tuple[int, int, dict[str, dict[str, float]]]]:
+        """A copy of the mid-epoch validation points (safe to hand to another thread)."""
+        with self._lock:
+            return [(e, i, {s: dict(v) for s, v in values.items()}) for e, i, values in self.points]
+
     def to_json(self) -> dict[str, Any]:
         """Everything at once, in the layout of `history.json` (version 1)."""
-        return {
+        data: dict[str, Any] = {
             "format": FORMAT,
             "version": 1,
             "model": self.model,
@@ -180,7 +232,11 @@ class RunHistory:
             "epochs": [_epoch_record(epoch, values) for epoch, values in self.epochs],
             "checkpoints": list(self.checkpoints),
             "outcome": self.outcome,
+            "stop_reason": self.stop_reason,
         }
+        if self.points:
+            data["points"] = [_point_record(e, i, values) for e, i, values in self.points]
+        return data
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> RunHistory:
@@ -239,7 +295,10 @@ class RunHistory:
         for entry in data["epochs"]:
             self.epochs.append((int(entry["epoch"]), _decode_splits(entry)))
         self.checkpoints = [int(e) for e in data.get("checkpoints", [])]
+        for entry in data.get("points", []):
+            self._read_point(entry)
         self.outcome = data.get("outcome")
+        self.stop_reason = data.get("stop_reason")
         self.model = data.get("model")
         self.num_parameters = data.get("num_parameters")
 
@@ -252,22 +311,30 @@ class RunHistory:
             if self.epochs and self.epochs[-1][0] >= epoch:
                 self.epochs = [(e, v) for e, v in self.epochs if e < epoch]
             self.epochs.append((epoch, _decode_splits(record)))
+        elif "point" in record:
+            self._read_point(record["point"])
         elif "keep_before" in record:
-            epoch = int(record["keep_before"])
-            self.epochs = [(e, v) for e, v in self.epochs if e < epoch]
-            self.checkpoints = [e for e in self.checkpoints if e < epoch]
-            self.outcome = None
+            self._keep_before(int(record["keep_before"]), int(record.get("iteration", 0)))
         elif "checkpoints" in record:
             change = record["checkpoints"]
             kept = set(self.checkpoints).difference(int(e) for e in change["remove"])
             self.checkpoints = sorted(kept.union(int(e) for e in change["add"]))
         elif "outcome" in record:
             self.outcome = record["outcome"]
+            self.stop_reason = record.get("stop_reason")
         elif "model" in record:
             self.model = record["model"]
             self.num_parameters = record.get("num_parameters")
         else:
             raise EmberError(f"{file}: line {line} is not a history record: {record!r}.")
+
+    def _read_point(self, entry: Mapping[str, Any]) -> None:
+        values = {
+            split: {str(k): _decode(v) for k, v in split_values.items()}
+            for split, split_values in entry.items()
+            if split not in ("epoch", "iteration")
+        }
+        self._add_point(int(entry["epoch"]), int(entry["iteration"]), values)
 
     def _records(self) -> list[dict[str, Any]]:
         """Everything this history holds, as the records that rebuild it."""
@@ -275,9 +342,10 @@ class RunHistory:
         if self.model is not None:
             records.append({"model": self.model, "num_parameters": self.num_parameters})
         records += [_epoch_record(epoch, values) for epoch, values in self.epochs]
+        records += [{"point": _point_record(e, i, v)} for e, i, v in self.points]
         records.append({"checkpoints": {"add": list(self.checkpoints), "remove": []}})
         if self.outcome is not None:
-            records.append({"outcome": self.outcome})
+            records.append({"outcome": self.outcome, "stop_reason": self.stop_reason})
         return records
 
     def _write(self, record: dict[str, Any]) -> None:
@@ -304,6 +372,12 @@ def _line(record: Mapping[str, Any]) -> str:
 
 def _epoch_record(epoch: int, values: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
     return {"epoch": epoch, **{split: _encode(v) for split, v in values.items()}}
+
+
+def _point_record(
+    epoch: int, iteration: int, values: Mapping[str, Mapping[str, float]]
+) -> dict[str, Any]:
+    return {"epoch": epoch, "iteration": iteration, **{s: _encode(v) for s, v in values.items()}}
 
 
 def _decode_splits(entry: Mapping[str, Any]) -> dict[str, dict[str, float]]:

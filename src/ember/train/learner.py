@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 import torch
@@ -26,14 +26,19 @@ from ember.train.describe import describe_run, run_info
 from ember.train.distributed import Distributed, setup, world_size
 from ember.train.evaluator import Evaluator
 from ember.train.events import End, EndEpoch, ProcessedItem, Start, StartEpoch, StartSplit
-from ember.train.guard import LossGuard
+from ember.train.flops import FlopCount
+from ember.train.guard import LossGuard, NonFiniteLoss
 from ember.train.history import RunHistory
 from ember.train.interrupter import Interrupter
 from ember.train.lock import RunLock
 from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.base import MetricLogger, RunStart, start_loggers
 from ember.train.logger.file import FileMetricLogger
+from ember.train.lr_finder import LrFinderResult, lr_find
+from ember.train.manual import ManualOptimization, StepContext
+from ember.train.model_summary import summarize_model
 from ember.train.options import LearnerOptions
+from ember.train.outcome import Outcome
 from ember.train.output import summed_loss_hint
 from ember.train.parallel import evaluation, join, no_sync, parallelize
 from ember.train.position import Position
@@ -42,7 +47,9 @@ from ember.train.processor import MetricsProcessor
 from ember.train.renderer.silent import SilentRenderer
 from ember.train.run_record import end_session, record_start
 from ember.train.signals import signal_handlers
+from ember.train.smoke import SmokeReport, smoke_test
 from ember.train.step import call_step, check_steps, check_train_output
+from ember.train.validation import ValidationPoints, early_stop, stop_at_point
 
 log = logging.getLogger(__name__)
 EpochValues = dict[str, dict[str, float]]
@@ -70,6 +77,8 @@ class Learner:
         self.model = options.model
         self.optim = options.optimization
         self.optimizer = self.optim.optimizer
+        self.callbacks = self.optim.callbacks
+        """The run's callbacks (`LearnerBuilder.callback`), None when there are none."""
         self.device = options.device
         self.devices = list(options.devices) if options.devices is not None else None
         self.artifact_dir = options.artifact_dir
@@ -92,10 +101,35 @@ class Learner:
         self.guard = LossGuard(
             options.nonfinite_loss, self.device, last_checkpoint=self.checkpoints.last_good
         )
+        self.flops = FlopCount(
+            (entry.metric for entry in self.metrics.get("train", ())),
+            self.model,
+            self.device,
+            self.optim.mixed_precision,
+        )
+        """The FLOPs of one training sample, counted on the first batch for the metrics
+        that need them (`ThroughputMetric("mfu")`)."""
+        self.points = (
+            ValidationPoints(
+                options.valid_every,
+                options.grads_accumulation,
+                options.metrics.get("valid", ()),
+                options.num_epochs,
+                self.artifacts,
+                self.run_history,
+                self.optim.autocast,
+            )
+            if options.valid_every is not None
+            else None
+        )
+        self._early_stop: Outcome | None = None
         self.dist: Distributed | None = None
         self._ddp: Any = None
         self._whole: dict[str, Any] | None = None
         self._move = self.device.type != "cpu"  # batches from a DataLoader are on the CPU
+        self._manual: StepContext | None = None
+        if isinstance(self.optim, ManualOptimization):
+            self._manual = StepContext(self.optim, self.guard)
         self.epoch = 0
         self.iteration = 0
         self.items = 0
@@ -106,10 +140,12 @@ class Learner:
         when `fit` starts; `steps(train)` tells it before."""
         self.total_steps: int | None = None
         """Optimizer steps of the whole run (`steps_per_epoch * num_epochs`)."""
-        self.outcome: str | None = None
+        self.outcome: Outcome | None = None
         """After `fit`: "completed", "stopped: <why>", "stopped early: <why>" or "pruned:
-        <why>" (`LearnerBuilder.pruning`); "failed" or
-        "interrupted" (a second Ctrl-C) when `fit` raised."""
+        <why>" (`LearnerBuilder.pruning`); "failed" ("failed: the loss is NaN ...") or
+        "interrupted" (a second Ctrl-C) when `fit` raised. An `Outcome`: the text, with
+        its `reason` (a `StopReason`) and, after early stopping, `early_stop` (the rule
+        that fired and its values)."""
 
     @property
     def exit_code(self) -> int:
@@ -117,22 +153,18 @@ class Learner:
         completed, stopped early or was stopped by a request (the dashboard, code);
         128 + the signal number when a signal stopped it (143 for SIGTERM, 130 for
         Ctrl-C), so a job scheduler sees a preemption; 1 when it failed."""
-        if self.outcome == "interrupted":
-            return 130
-        if self.outcome is None or self.outcome == "failed":
-            return 1
-        if self.outcome.startswith("stopped:") and self.interrupter.signal is not None:
-            return 128 + int(self.interrupter.signal)
-        return 0
+        return 1 if self.outcome is None else self.outcome.exit_code
 
     def steps(self, train: Iterable[Any]) -> tuple[int | None, int | None]:
         """`(steps_per_epoch, total_steps)` that `fit(train, ...)` will take: optimizer
         steps per epoch on the process with the most batches (under several processes
-        each takes its share of the batches) and over the whole run. What an "auto" step
-        count of a scheduler config is resolved from. None when the loader has no length."""
+        each takes its share of the batches) and over the whole run, under the batch
+        limit (`limit_batches`). What an "auto" step count of a scheduler config is
+        resolved from. None when the loader has no length (and no count limits it)."""
         world = world_size(self.devices)
         shard = (0, world) if world > 1 else None
-        per_epoch = BatchPlanner(train, self.grads_accumulation, shard).steps_per_epoch()
+        limit = self.options.limit_batches[0]
+        per_epoch = BatchPlanner(train, self.grads_accumulation, shard, limit).steps_per_epoch()
         return per_epoch, None if per_epoch is None else per_epoch * self.num_epochs
 
     @property
@@ -159,6 +191,11 @@ class Learner:
         self._fitted = True
         if valid is not None:
             check_steps(self.model, ("valid_step",))
+        elif self.points is not None:
+            raise TrainingError(
+                f"valid_every({self.points.every}) validates inside each epoch on the validation "
+                "data, but fit() got none: pass it as fit(train, valid), or leave valid_every out."
+            )
         if restore_best:
             self.checkpoints.check_restore_best(self.metrics)
         self.dist = setup(self.devices, self.options.distributed_timeout)
@@ -195,11 +232,13 @@ class Learner:
         """Prepare (nothing on disk changes before the resumed state loads), start,
         train every epoch, end; the loggers, the renderer and the log always close."""
         run = self._prepare(train, valid)
-        reason = "failed"
+        reason: Outcome | str = "failed"
         try:
             with signal_handlers(self.interrupter):
                 processor = self._start(run, valid)
+                self._hook("on_fit_start", run.resume.position.epoch)
                 reason = self._epochs(processor, run.train, run.valid, run.resume)
+                self._hook("on_fit_end", self.epoch)
                 self.checkpoints.finish()  # the last checkpoint is on disk, or the run failed
             self.outcome = reason
             log.info("Training %s after epoch %d.", reason, self.epoch)
@@ -227,8 +266,13 @@ class Learner:
             check_not_empty(valid, "validation", "fit(train) without validation data")
         resume = self.checkpoints.resume_point()
         shard = (dist.rank, dist.world) if dist is not None else None
-        train_plan = BatchPlanner(train, self.grads_accumulation, shard)
-        valid_plan = BatchPlanner(valid, 1, shard) if valid is not None else None
+        train_limit, valid_limit = self.options.limit_batches
+        train_plan = BatchPlanner(train, self.grads_accumulation, shard, train_limit)
+        train_plan.check_limit("training", "train")
+        valid_plan = None
+        if valid is not None:
+            valid_plan = BatchPlanner(valid, 1, shard, valid_limit)
+            valid_plan.check_limit("validation", "valid")
         notes = self._count_steps(train_plan)
         self.optim.lr.check_monitor(
             {split: [entry.name for entry in entries] for split, entries in self.metrics.items()}
@@ -269,6 +313,8 @@ class Learner:
         )
         info = run_info(self, start)
         log.info("%s", describe_run(self, info))
+        summary = summarize_model(self.model, self.options.model_summary)
+        info = replace(info, model_summary=summary)
         if run.main:
             record_start(self.artifacts, start.epoch, not start.fresh, hparams)
         self.run_history.describe_model(info.model_name, info.num_parameters)
@@ -295,18 +341,19 @@ class Learner:
         self._emit(Start(start.epoch, self.num_epochs, str(self.artifact_dir)))
         return processor
 
-    def _failure(self, error: BaseException) -> str:
-        """Log how the run ended on an exception; "interrupted" or "failed"."""
+    def _failure(self, error: BaseException) -> Outcome:
+        """Log how the run ended on an exception; "interrupted" or "failed[: why]"."""
         where = f"epoch {self.epoch}, iteration {self.iteration}"
+        outcome = Outcome.failed(error, isinstance(error, NonFiniteLoss))
         if isinstance(error, KeyboardInterrupt):
             log.error("Training interrupted (KeyboardInterrupt) at %s.", where)
-            return "interrupted"
+            return outcome
         elsewhere = self.dist.caused_elsewhere(error) if self.dist is not None else None
         if elsewhere is not None:  # another rank failed: its record says why
             log.error("Training stopped at %s. %s", where, elsewhere)
         else:
             log.exception("Training failed at %s.", where)
-        return "failed"
+        return outcome
 
     def _count_steps(self, train: BatchPlanner) -> list[str]:
         """The run's optimizer steps, and the schedule that waits for them ("auto");
@@ -330,28 +377,33 @@ class Learner:
         train: BatchPlanner,
         valid: BatchPlanner | None,
         resume: Resume,
-    ) -> str:
+    ) -> Outcome:
         """Every epoch left; returns how the run ended."""
         for epoch in range(resume.position.epoch, self.num_epochs + 1):
             self.epoch = epoch
             self._emit(StartEpoch(epoch, self.num_epochs))
+            self._hook("on_epoch_start", epoch)
             plan = train.epoch(epoch, resume.position)
-            values = self._train_epoch(processor, plan, resume)
+            values = self._train_epoch(processor, plan, resume, valid)
             if values is None:  # stopped mid-epoch
                 position = Position(epoch, self.iteration, self.items, False)
                 lines, states = processor.line_counts(), processor.epoch_states()
                 self.checkpoints.save(position, self.model, self.optim, self.dist, lines, states)
-                return self._stop_reason()
+                return self._early_stop or self._stop_reason()
             epoch_values = {"train": values}
             if valid is not None:
                 epoch_values["valid"] = self._valid_epoch(processor, valid, epoch)
             reason = self._end_epoch(epoch, epoch_values)
             if reason is not None:
                 return reason
-        return "completed"
+        return Outcome.completed()
 
     def _train_epoch(
-        self, processor: MetricsProcessor, plan: EpochPlan, resume: Resume
+        self,
+        processor: MetricsProcessor,
+        plan: EpochPlan,
+        resume: Resume,
+        valid: BatchPlanner | None = None,
     ) -> dict[str, float] | None:
         """Train one epoch (from where a resumed run stands); its epoch values, or
         None when a stop ended it early."""
@@ -368,6 +420,11 @@ class Learner:
             for step in plan:
                 finite = self._run_step(processor, step, epoch, plan.total, start.iteration + 1)
                 self._step_optimizer(finite, epoch)
+                if self._point_due(step, plan.total, valid) and self._valid_point(
+                    processor, valid, epoch
+                ):
+                    stop = True  # early stopping, counting validation points
+                    break
                 stop = self._stop_requested(step)
                 if stop:
                     break
@@ -388,9 +445,13 @@ class Learner:
         self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
     ) -> bool:
         """Forward and backward every batch of one optimizer step; False when a loss
-        was not finite. The batch numbered `check` has its output checked."""
-        optim, guard, ddp = self.optim, self.guard, self._ddp
+        was not finite. The batch numbered `check` has its output checked. The callbacks'
+        `on_before_optimizer_step` comes before the metrics of the step's last batch
+        (they may read it: `GradNormMetric`), the step after them (a non-finite loss the
+        metrics find stops the run before its step is applied)."""
+        optim, guard, ddp, manual = self.optim, self.guard, self._ddp, self._manual
         forward = ddp if ddp is not None else self.model.train_step
+        hooks = self.callbacks
         lr = optim.begin_group()
         last, finite = len(step.batches) - 1, True
         for index, batch in enumerate(step.batches):
@@ -399,27 +460,49 @@ class Learner:
             self.items += step.items[index]
             if self._move:
                 batch = to_device(batch, self.device)
-            with no_sync(ddp, index < last):
-                with optim.autocast():
-                    output = call_step(forward, batch, "train_step", epoch, iteration)
-                if iteration == check:
-                    check_train_output(self.model, output)
-                    processor.check("train", output.item, epoch)
-                    hint = summed_loss_hint(output.item)
-                    if hint is not None:
-                        log.warning("%s", hint)
-                    if guard.policy == "stop":  # the loss metric's values stand guard
-                        guard.covered = processor.watch_loss(
-                            output.item, output.loss, guard.nonfinite
-                        )
-                ok = guard.check(output.loss, epoch, iteration)
-                finite = ok and finite
-                optim.backward(output.loss, step.shares[index])
+            if hooks is not None:
+                hooks.ctx.epoch, hooks.ctx.iteration = epoch, iteration
+            with no_sync(ddp, index < last), self.flops.count():
+                if manual is not None:  # custom optimization: the step runs backward itself
+                    manual.begin(epoch, iteration, index == 0, index == last, step.shares[index])
+                    with optim.autocast():
+                        output = call_step(self._manual_step, batch, "train_step", epoch, iteration)
+                    ok = manual.ok
+                    if iteration == check:
+                        self._check_output(processor, output, epoch, manual=True)
+                else:
+                    with optim.autocast():
+                        output = call_step(forward, batch, "train_step", epoch, iteration)
+                    if iteration == check:
+                        self._check_output(processor, output, epoch)
+                    ok = guard.check(output.loss, epoch, iteration)
+                    finite = ok and finite
+                    if hooks is not None:
+                        hooks.ctx.output = output
+                    optim.backward(output.loss, step.shares[index])
+            if index == last and finite:
+                optim.prepare()
             if ok:  # a skipped non-finite batch stays out of the epoch's metrics
                 processor.update(output.item, iteration, step.sizes[index], lr)
             if self.listeners:
                 self._emit(ProcessedItem("train", epoch, iteration, total, output.item, lr))
         return finite
+
+    def _manual_step(self, batch: Any) -> Any:
+        return self.model.train_step(batch, self._manual)  # type: ignore[operator]
+
+    def _check_output(
+        self, processor: MetricsProcessor, output: Any, epoch: int, manual: bool = False
+    ) -> None:
+        """The first training output of the run: its type, its loss, what metrics read."""
+        check_train_output(self.model, output, manual)
+        processor.check("train", output.item, epoch)
+        hint = summed_loss_hint(output.item)
+        if hint is not None:
+            log.warning("%s", hint)
+        guard = self.guard
+        if not manual and guard.policy == "stop":  # the loss metric's values stand guard
+            guard.covered = processor.watch_loss(output.item, output.loss, guard.nonfinite)
 
     def _step_optimizer(self, finite: bool, epoch: int) -> None:
         if finite:
@@ -441,6 +524,39 @@ class Learner:
             stop = self.dist.any(stop) if step.may_vote else False
         return stop
 
+    def _point_due(self, step: Step, total: int | None, valid: BatchPlanner | None) -> bool:
+        return valid is not None and self.points is not None and self.points.due(step, total)
+
+    def _valid_point(
+        self, processor: MetricsProcessor, planner: BatchPlanner | None, epoch: int
+    ) -> bool:
+        """Validate inside the epoch (`valid_every`); True when early stopping, which
+        counts validation points, ends the run here."""
+        assert self.points is not None and planner is not None
+        main = self.dist is None or self.dist.main
+        self._hook("on_validation_start", epoch)  # e.g. an EMA validating its weights
+        try:
+            self.points.run(
+                self.model,
+                planner,
+                epoch,
+                self.iteration,
+                self.device,
+                self.dist,
+                main,
+                processor.renderer,
+                self._emit,
+                evaluation(self._ddp),
+            )
+        finally:
+            self._hook("on_validation_end", epoch)
+        why = stop_at_point(self.options.early_stopping, self.run_history)
+        if why is None:
+            return False
+        log.info("Early stopping at epoch %d, iteration %d: %s.", epoch, self.iteration, why)
+        self._early_stop = Outcome.stopped_early(why)
+        return True
+
     def _valid_epoch(
         self, processor: MetricsProcessor, planner: BatchPlanner, epoch: int
     ) -> dict[str, float]:
@@ -449,9 +565,10 @@ class Learner:
         self.model.eval()
         self._start_split("valid", epoch)
         processor.start_split("valid", epoch, plan.total)
+        self._hook("on_validation_start", epoch)
         try:
             with evaluation(self._ddp)(), self.optim.autocast():
-                for iteration, batch in enumerate(plan.loader, start=1):
+                for iteration, batch in enumerate(plan.batches(), start=1):
                     if self._move:
                         batch = to_device(batch, self.device)
                     item = call_step(self.model.valid_step, batch, "valid_step", epoch, iteration)
@@ -460,6 +577,7 @@ class Learner:
                         self._emit(ProcessedItem("valid", epoch, iteration, plan.total, item, None))
             return self._end_split(processor, "valid", epoch)
         finally:
+            self._hook("on_validation_end", epoch)
             self.model.train()
 
     def _end_split(self, processor: MetricsProcessor, split: str, epoch: int) -> dict[str, float]:
@@ -471,7 +589,7 @@ class Learner:
                 self.artifacts.write_matrix(split, epoch, name, counts)
         return values
 
-    def _end_epoch(self, epoch: int, values: EpochValues) -> str | None:
+    def _end_epoch(self, epoch: int, values: EpochValues) -> Outcome | None:
         """Decide (a stop, early stopping), then checkpoint, then tell the listeners;
         return a reason to stop."""
         for split, split_values in values.items():
@@ -480,6 +598,7 @@ class Learner:
                 log.info("Epoch %d %s: %s", epoch, split, text)
         self.run_history.add_epoch(epoch, values)
         self.optim.lr.end_epoch(values)  # an epoch-wise schedule steps before the checkpoint
+        self._hook("on_epoch_end", epoch)  # callbacks decide before the checkpoint too
         reason = None
         stop = self.interrupter.should_stop()
         if self.dist is not None:
@@ -487,10 +606,10 @@ class Learner:
         if stop:
             reason = self._stop_reason()
         elif self.options.early_stopping is not None:
-            why = self.options.early_stopping.should_stop(self.history)
+            why = early_stop(self.options.early_stopping, self.run_history, self.points is not None)
             if why is not None:
                 log.info("Early stopping after epoch %d: %s.", epoch, why)
-                reason = f"stopped early: {why}"
+                reason = Outcome.stopped_early(why)
         if reason is None and self.options.pruning is not None:
             reason = self._pruned(epoch)
         position = Position(epoch, self.iteration, self.items, True)
@@ -498,7 +617,7 @@ class Learner:
         self._emit(EndEpoch(epoch, values))
         return reason
 
-    def _pruned(self, epoch: int) -> str | None:
+    def _pruned(self, epoch: int) -> Outcome | None:
         """Ask the pruning strategy (on rank 0, which holds the trial) whether to prune."""
         pruning, dist = self.options.pruning, self.dist
         why = pruning.should_prune(self.history) if pruning and (not dist or dist.main) else None
@@ -507,7 +626,7 @@ class Learner:
         if why is None:
             return None
         log.info("Pruned after epoch %d: %s.", epoch, why)
-        return f"pruned: {why}"
+        return Outcome.pruned(why)
 
     def _start_split(self, split: str, epoch: int, first: int = 1) -> None:
         """Tell the model (`on_split_start`, if it has one) and the listeners. A split
@@ -518,8 +637,9 @@ class Learner:
             hook(split)
         self._emit(StartSplit(split, epoch, first))
 
-    def _stop_reason(self) -> str:
-        return f"stopped: {self.interrupter.message or 'stop requested on another rank'}"
+    def _stop_reason(self) -> Outcome:
+        message = self.interrupter.message or "stop requested on another rank"
+        return Outcome.stopped(message, self.interrupter.signal)
 
     # Setting up ------------------------------------------------------------------
     def _load_history(self, resume: Resume, main: bool) -> None:
@@ -536,13 +656,15 @@ class Learner:
                 saved = RunHistory.load(found)
                 history.epochs = saved.epochs
                 history.checkpoints = saved.checkpoints
+                history.points = saved.points
             else:  # a run from before the history file: the checkpoint carried it
                 history.epochs = [
                     (int(e), v) for e, v in resume.state["learner"].get("history", [])
                 ]
-            history.keep_before(resume.position.epoch)
+            history.keep_before(resume.position.epoch, resume.position.iteration)
         if self.dist is not None:
             history.epochs = self.dist.broadcast(history.epochs)
+            history.points = self.dist.broadcast(history.points)
 
     def _loggers(self, main: bool) -> dict[str, list[MetricLogger]]:
         """Rank 0 writes the metric files and feeds the extra loggers."""
@@ -576,7 +698,7 @@ class Learner:
         """Resuming mid-epoch: keep the lines each training metric log had at the
         checkpoint (later lines came after it), put them back into the metric states,
         and drop that epoch's validation logs."""
-        self.artifacts.drop_epoch("valid", start.epoch)
+        self.artifacts.drop_epoch("valid", start.epoch, points_through=start.iteration)
         rows = {
             entry.name: self.artifacts.truncate_metric_log(
                 "train", start.epoch, entry.name, (counts or {}).get(entry.name, start.iteration)
@@ -589,7 +711,8 @@ class Learner:
     def _print_summary(self) -> None:
         from ember.train.summary import LearnerSummary
 
-        table = LearnerSummary.from_dir(self.artifact_dir).table()
+        summary = LearnerSummary.from_dir(self.artifact_dir)
+        table = replace(summary, outcome=self.outcome).table()  # history.jsonl has it at the end
         print(table)
         log.info("%s", table)
 
@@ -615,6 +738,12 @@ class Learner:
         if self.run_history.path is not None:
             self.run_history.finish(reason)
             end_session(self.artifacts, reason)
+
+    def _hook(self, name: str, epoch: int) -> None:
+        """Call a callback hook of the run's epochs and splits (none without callbacks)."""
+        if self.callbacks is not None and self.callbacks.has(name):
+            self.callbacks.ctx.epoch = epoch
+            self.callbacks.call(name)
 
     def _emit(self, event: Any) -> None:
         for listener in self.listeners:
@@ -657,6 +786,27 @@ class Learner:
         (`test/<name>/`), with its validation metrics (the training ones when it has
         none); return `{metric: value}` over the whole set."""
         return self._evaluator().eval(name, loader)
+
+    def lr_find(self, train: Iterable[Any], **options: Any) -> LrFinderResult:
+        """The learning-rate range test on `train` (see `ember.train.lr_finder.lr_find` for
+        `start`, `end`, `steps`, `mode`, `smoothing` and `diverge`): the rates, the
+        losses and a `suggestion`; everything it changes is put back afterwards, and its
+        curve is written to `lr-find.json` for `ember plot`."""
+        return lr_find(self, train, **options)
+
+    def smoke_test(
+        self,
+        train: Iterable[Any],
+        valid: Iterable[Any] | None = None,
+        *,
+        batches: int = 2,
+        echo: bool = True,
+    ) -> SmokeReport:
+        """Run `batches` batches of each split through the whole loop (steps, metrics,
+        files, a checkpoint written and loaded back) in a temporary directory, leaving
+        this learner, its model, optimizer and schedule as they were; return (and print)
+        what ran, or raise `SmokeTestError` naming the part that fails."""
+        return smoke_test(self, train, valid, batches=batches, echo=echo)
 
     def predict(self, loader: Iterable[Any]) -> Any:
         """The model's outputs over `loader`, on the CPU, concatenated along the first

@@ -14,6 +14,7 @@ import torch
 
 from ember.errors import ConfigError, TrainingError
 from ember.lr.base import LrDriver
+from ember.train.callbacks.base import Callbacks
 
 MixedPrecision = Literal["bf16", "fp16"]
 
@@ -30,8 +31,11 @@ class Optimization:
         mixed_precision: MixedPrecision | None = None,
         clip_norm: float | None = None,
         clip_value: float | None = None,
+        callbacks: Callbacks | None = None,
     ) -> None:
         self.model = model
+        self.callbacks = callbacks
+        """The run's callbacks (None without any: the steps then call no hook)."""
         self.optimizer = optimizer
         self.lr = lr
         self.device = device
@@ -43,6 +47,8 @@ class Optimization:
             self.scaler = torch.amp.GradScaler(device.type)
         self._dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision or "")
         self._no_autocast = contextlib.nullcontext()
+        self._prepared = False
+        self._clips = clip_norm is not None or clip_value is not None
 
     def autocast(self) -> ContextManager[Any]:
         """The context the steps run in: autocast under mixed precision, else nothing."""
@@ -54,12 +60,20 @@ class Optimization:
         """Set and return the learning rate of the coming optimizer step."""
         return self.lr.before_step()
 
-    def backward(self, loss: torch.Tensor, share: float) -> None:
+    def backward(
+        self, loss: torch.Tensor, share: float, inputs: list[torch.Tensor] | None = None
+    ) -> None:
+        """Add the gradient of `loss * share` (scaled under fp16), with the backward
+        hooks of the callbacks around it; `inputs`: only into these tensors."""
         scaled = loss * share if share != 1.0 else loss
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
+        callbacks = self.callbacks
+        if callbacks is not None and callbacks.before_backward:
+            callbacks.ctx.loss = loss
+            callbacks.call("on_before_backward")
         try:
-            scaled.backward()
+            scaled.backward(inputs=inputs)
         except RuntimeError as error:
             if "backward through the graph a second time" in str(error):
                 raise TrainingError(
@@ -69,43 +83,95 @@ class Optimization:
                     "call (and any optimizer.step()/zero_grad()) from train_step."
                 ) from error
             raise
+        if callbacks is not None and callbacks.after_backward:
+            callbacks.call("on_after_backward")
+
+    def prepare(self) -> None:
+        """Before the step, once the gradients are complete: unscale them (fp16) and call
+        the callbacks' `on_before_optimizer_step` (nothing without such callbacks). The
+        loop does it before the metrics of the step's last batch, which may read it."""
+        callbacks = self.callbacks
+        if callbacks is None or not callbacks.optimizer_steps or self._prepared:
+            return
+        self._before(self.optimizer, None)
+        self._prepared = True
 
     def step(self) -> None:
         """Apply the accumulated gradients, then clear them."""
-        optimizer = self.optimizer
+        prepared, self._prepared = self._prepared, False
+        self.apply(self.optimizer, self.model.parameters(), self.lr, None, prepared)
         if self.scaler is not None:
-            if self.clip_norm is not None or self.clip_value is not None:
-                self.scaler.unscale_(optimizer)
-            self._clip()
-            self.scaler.step(optimizer)
             self.scaler.update()
+
+    def _before(self, optimizer: Any, name: str | None) -> None:
+        callbacks = self.callbacks
+        assert callbacks is not None
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        callbacks.ctx.optimizer_name = name or callbacks.ctx.optimizer_name
+        callbacks.call("on_before_optimizer_step")
+
+    def apply(
+        self, optimizer: Any, params: Any, lr: Any, name: str | None = None, prepared: bool = False
+    ) -> None:
+        """One optimizer's step: unscale (fp16), the callbacks' `on_before_optimizer_step`
+        (unless `prepare` did both), clip, step, the learning rate's step,
+        `on_after_optimizer_step`, clear."""
+        callbacks = self.callbacks
+        hooks = callbacks is not None and callbacks.optimizer_steps
+        if hooks and not prepared:
+            self._before(optimizer, name)
+        elif self.scaler is not None and not prepared and self._clips:
+            self.scaler.unscale_(optimizer)
+        self._clip(params)
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
         else:
-            self._clip()
             optimizer.step()
-        self.lr.after_step()
+        lr.after_step()
+        if hooks:
+            assert callbacks is not None
+            callbacks.call("on_after_optimizer_step")
         optimizer.zero_grad(set_to_none=True)
 
     def skip(self) -> None:
         """Drop the accumulated gradients without stepping (a non-finite loss was skipped)."""
+        self._prepared = False
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _clip(self) -> None:
+    def _clip(self, params: Any) -> None:
+        if self.clip_norm is None and self.clip_value is None:
+            return
+        params = list(params)
         if self.clip_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
+            torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
         if self.clip_value is not None:
-            torch.nn.utils.clip_grad_value_(self.model.parameters(), self.clip_value)
+            torch.nn.utils.clip_grad_value_(params, self.clip_value)
 
     def state_dict(self) -> dict[str, Any]:
         """Scheduler and GradScaler states (the optimizer's is saved on its own)."""
         state: dict[str, Any] = {"lr_scheduler": self.lr.state_dict()}
         if self.scaler is not None:
             state["grad_scaler"] = self.scaler.state_dict()
+        if self.callbacks is not None:
+            state["callbacks"] = self.callbacks.state_dict()
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> list[str]:
+        """Restore the schedules, the scaler and the callbacks; return what a user should
+        read about the callbacks' states (missing, or not used)."""
         self.lr.load_state_dict(state["lr_scheduler"])
         if self.scaler is not None and "grad_scaler" in state:
             self.scaler.load_state_dict(state["grad_scaler"])
+        saved = state.get("callbacks", {})
+        if self.callbacks is not None:
+            return self.callbacks.load_state_dict(saved)
+        if saved:
+            return [
+                f"The checkpoint holds the state of callbacks ({', '.join(saved)}) that this "
+                "run does not register: that state is not used."
+            ]
+        return []
 
 
 def check_mixed_precision(value: Any) -> MixedPrecision | None:

@@ -61,3 +61,12 @@ class LearnerOptions:
     """What may prune the run at an epoch end (`LearnerBuilder.pruning`), or None."""
     fsdp: FsdpOptions | None = None
     """How the model is sharded over the processes (None: DDP, or one process)."""
+    valid_every: int | None = None
+    """Validate inside each epoch every this many optimizer steps (None: at epoch ends only)."""
+    limit_batches: tuple[int | float | None, int | float | None] = (None, None)
+    """The batches each epoch takes of the training and validation loaders: a count, a
+    fraction of the loader's batches, or None for all."""
+    activation_checkpointing: tuple[type, ...] = ()
+    """The module classes wrapped for activation checkpointing."""
+    model_summary: int | None = 1
+    """The depth of the model summary written when `fit` starts; None: no summary."""

@@ -36,6 +36,8 @@ class ClassificationOutput:
     targets: torch.Tensor
     loss_reduction: str = "mean"
     """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+    tokens: int | torch.Tensor | None = None
+    """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is ClassificationInput:
@@ -43,7 +45,9 @@ class ClassificationOutput:
         if input_type is ScoresInput:
             return ScoresInput(self.output, self.targets)
         if input_type is LossInput:
-            return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
+            return LossInput(
+                self.loss, int(self.targets.shape[0]), self.loss_reduction, self.tokens
+            )
         return None
 
 
@@ -56,6 +60,8 @@ class MultiLabelClassificationOutput:
     targets: torch.Tensor
     loss_reduction: str = "mean"
     """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+    tokens: int | torch.Tensor | None = None
+    """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is MultiLabelInput:
@@ -63,7 +69,9 @@ class MultiLabelClassificationOutput:
         if input_type is ScoresInput:
             return ScoresInput(self.output, self.targets, multilabel=True)
         if input_type is LossInput:
-            return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
+            return LossInput(
+                self.loss, int(self.targets.shape[0]), self.loss_reduction, self.tokens
+            )
         return None
 
 
@@ -76,12 +84,16 @@ class RegressionOutput:
     targets: torch.Tensor
     loss_reduction: str = "mean"
     """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+    tokens: int | torch.Tensor | None = None
+    """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is RegressionInput:
             return RegressionInput(self.output, self.targets)
         if input_type is LossInput:
-            return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
+            return LossInput(
+                self.loss, int(self.targets.shape[0]), self.loss_reduction, self.tokens
+            )
         return None
 
 
@@ -96,6 +108,8 @@ class SequenceOutput:
     pad_token: int | None = None
     loss_reduction: str = "mean"
     """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+    tokens: int | torch.Tensor | None = None
+    """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is SequenceInput:
@@ -108,7 +122,9 @@ class SequenceOutput:
                 pad_token=self.pad_token,
             )
         if input_type is LossInput:
-            return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
+            return LossInput(
+                self.loss, int(self.targets.shape[0]), self.loss_reduction, self.tokens
+            )
         return None
 
 
@@ -131,6 +147,8 @@ class TextOutput:
     loss: torch.Tensor | None = None
     loss_reduction: str = "mean"
     """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+    tokens: int | torch.Tensor | None = None
+    """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is TextInput:
@@ -143,7 +161,7 @@ class TextOutput:
                 )
             return TextInput(predictions, references)
         if input_type is LossInput and self.loss is not None:
-            return LossInput(self.loss, len(self.references), self.loss_reduction)
+            return LossInput(self.loss, len(self.references), self.loss_reduction, self.tokens)
         return None
 
     def _texts(self, texts: Any, field: str) -> list[str]:

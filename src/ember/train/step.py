@@ -69,9 +69,10 @@ def check_steps(model: Any, names: tuple[str, ...] = ("train_step",)) -> None:
         )
 
 
-def check_train_output(model: Any, output: Any) -> None:
+def check_train_output(model: Any, output: Any, manual: bool = False) -> None:
     """The first `train_step` output of a run: a `TrainOutput` with a scalar loss that
-    autograd can differentiate; otherwise an error naming the fix."""
+    autograd can differentiate (under custom optimization, `manual`, the step ran its
+    own backward passes: the loss is only reported); otherwise an error naming the fix."""
     if not isinstance(output, TrainOutput):
         raise TrainingError(
             f"{type(model).__name__}.train_step returned {type(output).__name__}; it must "
@@ -82,7 +83,7 @@ def check_train_output(model: Any, output: Any) -> None:
             f"train_step's loss has shape {tuple(output.loss.shape)}; it must be a scalar. "
             "Reduce it (e.g. loss.mean()) before returning it."
         )
-    if not output.loss.requires_grad:
+    if not manual and not output.loss.requires_grad:
         raise TrainingError(
             "train_step's loss does not require grad: it was computed without autograd "
             "(under torch.no_grad()/inference_mode, or from detached tensors)."

@@ -94,6 +94,8 @@ class LearnerSummary:
     num_parameters: int | None
     metrics: tuple[MetricSummary, ...]
     matrices: tuple[MatrixSummary, ...] = ()
+    outcome: str | None = None
+    """How the run ended (`history.json`), or None while it runs or when unknown."""
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike[str]) -> LearnerSummary:
@@ -114,12 +116,12 @@ class LearnerSummary:
                 f"{root} holds no metric logs (expected train/epoch-N/<Metric>.log): "
                 "is it an ember artifact directory?"
             )
-        model, parameters = None, None
+        model, parameters, outcome = None, None, None
         history = Artifacts(root).saved_history
         if history is not None:
             saved = RunHistory.load(history)
-            model, parameters = saved.model, saved.num_parameters
-        return cls(root, last_epoch, model, parameters, tuple(rows), last_matrices(root))
+            model, parameters, outcome = saved.model, saved.num_parameters, saved.outcome
+        return cls(root, last_epoch, model, parameters, tuple(rows), last_matrices(root), outcome)
 
     def table(self) -> str:
         """A plain-text table, for terminals and experiment.log alike."""
@@ -144,8 +146,9 @@ class LearnerSummary:
         model = (
             f"{self.model}, {self.num_parameters:,} parameters" if self.model else "model unknown"
         )
+        ended = f"; outcome: {self.outcome}" if self.outcome is not None else ""
         lines = [
-            f"Summary of {self.artifact_dir}: {self.epochs} epochs, {model}",
+            f"Summary of {self.artifact_dir}: {self.epochs} epochs, {model}{ended}",
             line(header),
             rule,
         ]

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from ember.errors import TrainingError
 from ember.train.artifacts import (
     checkpoint_epochs,
@@ -101,7 +103,7 @@ class FileCheckpointer:
         take = self._snapshots.take
         parts = [
             ("model", take("model", model.state_dict()), "module"),
-            ("optim", take("optim", optimizer.state_dict()), "optimizer"),
+            ("optim", take("optim", optimizer.state_dict()), _optimizer_kind(optimizer)),
             ("scheduler", take("scheduler", state), "state"),
         ]
         self._snapshots.wait()
@@ -174,6 +176,11 @@ class FileCheckpointer:
             self.path(part, epoch).unlink(missing_ok=True)
             for shard in checkpoint_shards(self.directory, part, epoch, self.extension):
                 shard.unlink(missing_ok=True)
+
+
+def _optimizer_kind(optimizer: Any) -> str:
+    """A torch optimizer's record kind; several named optimizers are a "state"."""
+    return "optimizer" if isinstance(optimizer, torch.optim.Optimizer) else "state"
 
 
 _RECORDERS = {

@@ -146,7 +146,7 @@ class CheckpointPolicy:
             )
         given = _settings(optimizer, optim.lr.scheduler)
         self._load_weights(saved_epoch, model, optimizer, dist, learner.get("shards"))
-        optim.load_state_dict(state)
+        callback_notes = optim.load_state_dict(state) or []
         saved = _settings(optimizer, optim.lr.scheduler)
         ranks = learner.get("rng_ranks")
         if dist is not None and ranks is not None and len(ranks) == dist.world:
@@ -156,7 +156,7 @@ class CheckpointPolicy:
         where = f"epoch {saved_epoch}" + (
             "" if resume.position.iteration == 0 else f", iteration {resume.position.iteration}"
         )
-        notes = [f"Resumed from the checkpoint of {where}."]
+        notes = [f"Resumed from the checkpoint of {where}.", *callback_notes]
         changed = [
             f"{key} {given[key]!r} (checkpoint {saved[key]!r})"
             for key in given

@@ -6,6 +6,7 @@ from ember.train.metric.auroc import AurocMetric
 from ember.train.metric.average_precision import AucPrMetric
 from ember.train.metric.base import Metric, MetricMetadata, MetricValue
 from ember.train.metric.confusion import ConfusionMatrixMetric, MccMetric
+from ember.train.metric.grad_norm import GradNormMetric
 from ember.train.metric.hamming import HammingScoreMetric
 from ember.train.metric.image import DiceMetric, MsSsimMetric, PsnrMetric, SsimMetric
 from ember.train.metric.inputs import (
@@ -20,6 +21,7 @@ from ember.train.metric.inputs import (
 )
 from ember.train.metric.learning_rate import LearningRateMetric
 from ember.train.metric.loss import LossMetric
+from ember.train.metric.nvml import CudaMetric
 from ember.train.metric.perplexity import PerplexityMetric
 from ember.train.metric.precision_recall import FBetaScoreMetric, PrecisionMetric, RecallMetric
 from ember.train.metric.regression import MaeMetric, MseMetric, R2Metric, RmseMetric
@@ -31,6 +33,7 @@ from ember.train.metric.system import (
     CudaMemoryMetric,
 )
 from ember.train.metric.text import BleuMetric, CerMetric, RougeMetric, WerMetric
+from ember.train.metric.throughput import ThroughputMetric
 from ember.train.metric.topk import TopKAccuracyMetric
 from ember.train.metric.torchmetric import TorchMetric
 
@@ -46,8 +49,10 @@ __all__ = [
     "CpuTemperatureMetric",
     "CpuUseMetric",
     "CudaMemoryMetric",
+    "CudaMetric",
     "DiceMetric",
     "FBetaScoreMetric",
+    "GradNormMetric",
     "HammingScoreMetric",
     "ImageInput",
     "IterationSpeedMetric",
@@ -73,6 +78,7 @@ __all__ = [
     "ScoresInput",
     "SequenceInput",
     "TextInput",
+    "ThroughputMetric",
     "TopKAccuracyMetric",
     "TorchMetric",
     "WerMetric",

@@ -12,11 +12,13 @@ class LossInput:
     """A scalar loss and the number of samples it covers. `reduction` says how the step
     reduced it over them: "mean" (the default of torch's losses) or "sum" (a loss
     function called with `reduction="sum"`); `LossMetric` reports the per-sample mean
-    either way."""
+    either way. `tokens` is the number of tokens the step processed (an int or a
+    tensor), when the step reports it: what `ThroughputMetric("tokens")` counts."""
 
     loss: torch.Tensor
     batch_size: int
     reduction: str = "mean"
+    tokens: int | torch.Tensor | None = None
 
 
 @dataclass

@@ -26,6 +26,9 @@ class RunInfo:
     """The run continues from a checkpoint."""
     start_iteration: int = 0
     """Batches of `start_epoch` already done before this run (a resume mid-epoch)."""
+    model_summary: str = ""
+    """The model summary table and its warnings (`ModelSummary`), shown once at the
+    top of the output; empty when the summary is off."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,12 @@ class MetricView:
 
 @runtime_checkable
 class Renderer(Protocol):
-    """Receives progress at render ticks (at most ~10 per second) and epoch results."""
+    """Receives progress at render ticks (at most ~10 per second) and epoch results.
+
+    A renderer may also define `valid_point(iteration, progress, metrics)`: a
+    validation inside an epoch (`LearnerBuilder.valid_every`) ended after `iteration`
+    training batches; `progress` is that validation's, `metrics` carry its values as
+    epoch values. Renderers without it are not told."""
 
     def start(self, info: RunInfo) -> None: ...
 

@@ -101,6 +101,13 @@ class NotebookRenderer:
             if self.render_budget <= 0 or self.draw_seconds <= self.render_budget * spent:
                 self._draw()
 
+    def valid_point(
+        self, iteration: int, progress: Progress, metrics: Sequence[MetricView]
+    ) -> None:
+        """A validation inside the epoch (`valid_every`): its values become the
+        validation's last values in the table."""
+        self._run.valid_point(iteration, progress, metrics)
+
     def end(self, reason: str) -> None:
         """Draw the final view, with how the run ended."""
         if self._run.info is None or self._run.reason is not None:

@@ -62,6 +62,8 @@ class PlainRenderer:
             f"({info.num_parameters:,} parameters) on {', '.join(info.devices)}; "
             f"artifacts in {info.artifact_dir}"
         )
+        if info.model_summary:
+            self._write(info.model_summary)
 
     def update(
         self, progress: Progress, metrics: Sequence[MetricView], records: Sequence[MetricRecord]
@@ -91,6 +93,17 @@ class PlainRenderer:
             f"{format_duration(progress.elapsed)}  {values}".rstrip()
         )
         self._last = time.monotonic()
+
+    def valid_point(
+        self, iteration: int, progress: Progress, metrics: Sequence[MetricView]
+    ) -> None:
+        """A validation inside the epoch (`valid_every`), after `iteration` training batches."""
+        values = _values("valid", metrics)
+        self._write(
+            f"valid epoch {progress.epoch}/{progress.num_epochs} at iteration {iteration}: "
+            f"{progress.iteration} iterations, {progress.items:,} items in "
+            f"{format_duration(progress.elapsed)}  {values}".rstrip()
+        )
 
     def end(self, reason: str) -> None:
         self._write(f"training {reason}")

@@ -9,7 +9,7 @@ the training thread only.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from ember.train.logger.base import MetricRecord
@@ -123,6 +123,11 @@ class RunTracker:
         """How the run ended (the `reason` given to `end`); None while it runs."""
         self.started_at = 0.0
         self.ended_at: float | None = None
+        self.points: list[tuple[int, int, dict[str, float]]] = []
+        """Validations inside epochs (`valid_every`): (epoch, iteration, {metric: value})."""
+        self._point: dict[str, float] = {}
+        """The latest point's values, shown as the validation's last values until the
+        end-of-epoch validation ends."""
 
     # The renderer calls -----------------------------------------------------------
     def start(self, info: RunInfo) -> None:
@@ -142,7 +147,7 @@ class RunTracker:
     ) -> None:
         """A tick: the progress, every metric's view, the new iteration values."""
         self.progress = progress
-        self.views = tuple(metrics)
+        self.views = self._with_point(metrics)
         if records:
             self._append(progress, records)
 
@@ -151,6 +156,8 @@ class RunTracker:
         self.progress = progress
         self.views = tuple(metrics)
         self.durations[progress.split] = progress.elapsed
+        if progress.split == "valid":
+            self._point = {}
         for view in metrics:
             if view.split == progress.split and isinstance(view.epoch_value, (int, float)):
                 key = (view.split, view.name)
@@ -160,6 +167,29 @@ class RunTracker:
                 values.add(progress.epoch, float(view.epoch_value))
             if view.split == progress.split and view.matrix is not None:
                 self.matrices[(view.split, view.name)] = (progress.epoch, view.matrix)
+
+    def valid_point(
+        self, iteration: int, progress: Progress, metrics: Sequence[MetricView]
+    ) -> None:
+        """A validation inside the epoch ended after `iteration` training batches."""
+        values = {
+            view.name: float(view.epoch_value)
+            for view in metrics
+            if view.split == "valid" and isinstance(view.epoch_value, (int, float))
+        }
+        self.points.append((progress.epoch, iteration, values))
+        self._point = values
+        self.views = self._with_point(self.views)
+
+    def _with_point(self, metrics: Sequence[MetricView]) -> tuple[MetricView, ...]:
+        if not self._point:
+            return tuple(metrics)
+        return tuple(
+            replace(view, last=self._point[view.name])
+            if view.split == "valid" and view.name in self._point
+            else view
+            for view in metrics
+        )
 
     def end(self, reason: str) -> None:
         """The run ended (`reason`: completed, stopped: ..., failed, interrupted)."""

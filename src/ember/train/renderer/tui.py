@@ -148,6 +148,8 @@ class TuiRenderer:
         # rich's shared console: rich.print and RichHandler output then show above the dashboard.
         console = self.console if self.console is not None else get_console()
         self.console = console
+        if info.model_summary:  # above the dashboard, where it stays when the run ends
+            console.print(info.model_summary, markup=False, highlight=False, soft_wrap=True)
         before = sys.stdout, sys.stderr
         self._live = Live(
             self._frame,
@@ -192,6 +194,15 @@ class TuiRenderer:
         with self._lock:
             self._run.end_split(progress, metrics)
             self._select_first()
+            self._version += 1
+
+    def valid_point(
+        self, iteration: int, progress: Progress, metrics: Sequence[MetricView]
+    ) -> None:
+        """A validation inside the epoch (`valid_every`): its values become the
+        validation's last values in the table."""
+        with self._lock:
+            self._run.valid_point(iteration, progress, metrics)
             self._version += 1
 
     def end(self, reason: str) -> None:

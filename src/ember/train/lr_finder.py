@@ -1,0 +1,281 @@
+"""The learning-rate range test: `learner.lr_find(train)` (or `lr_find(learner, train)`).
+
+The model trains on one mini-batch after another while the learning rate rises from
+`start` to `end` (exponentially, or linearly), one rate per optimizer step. The loss is
+smoothed (an exponential moving average with bias correction); the test stops early
+when the smoothed loss exceeds `diverge` times its lowest value (or a loss is not
+finite). The suggestion is the rate where the smoothed loss falls fastest: the most
+negative slope against the logarithm of the rate (the rate itself in linear mode),
+taken across a few neighbouring points, before the lowest loss.
+
+Afterwards the model's weights and buffers, the optimizer's state and rates, the
+gradient scaler, the gradients, the model's mode and every random generator are put
+back exactly as they were: a `fit` after `lr_find` trains as it would have without it.
+The curve is written to `ARTIFACT_DIR/lr-find.json`, which `ember plot` draws.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from ember.data.device import describe, to_device
+from ember.errors import ConfigError, EmberError, TrainingError
+from ember.rng import capture_rng_state, restore_rng_state
+from ember.train.artifacts import Artifacts
+from ember.train.step import check_steps, check_train_output
+
+FORMAT = "ember-lr-find"
+VERSION = 1
+
+
+@dataclass
+class LrFinderResult:
+    """The range test's curve: one learning rate and loss per optimizer step taken."""
+
+    lrs: list[float]
+    losses: list[float]
+    """The loss of each step's mini-batch, as computed."""
+    smoothed: list[float]
+    """The losses smoothed (exponential moving average, bias-corrected)."""
+    suggestion: float | None
+    """The rate where the smoothed loss falls fastest; None when the curve is too short."""
+    mode: str = "exp"
+    diverged: bool = False
+    """The test stopped early: the smoothed loss rose past `diverge` times its lowest."""
+    path: Path | None = field(default=None)
+    """Where the curve was written (`lr-find.json`)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "mode": self.mode,
+            "lrs": self.lrs,
+            "losses": [_number(v) for v in self.losses],
+            "smoothed": [_number(v) for v in self.smoothed],
+            "suggestion": self.suggestion,
+            "diverged": self.diverged,
+        }
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> LrFinderResult:
+        """Read `lr-find.json`; a missing or foreign file is an `EmberError` naming it."""
+        file = Path(path)
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise EmberError(f"{file} is not a readable learning-rate test: {error}.") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise EmberError(f"{file} is not an ember learning-rate test (no format {FORMAT!r}).")
+        if data.get("version") != VERSION:
+            raise EmberError(f"{file} has version {data.get('version')!r}; this ember reads 1.")
+        return cls(
+            [float(v) for v in data["lrs"]],
+            [float(v) for v in data["losses"]],
+            [float(v) for v in data["smoothed"]],
+            None if data.get("suggestion") is None else float(data["suggestion"]),
+            str(data.get("mode", "exp")),
+            bool(data.get("diverged", False)),
+            file,
+        )
+
+
+def _number(value: float) -> float | str:
+    return value if math.isfinite(value) else repr(value)
+
+
+def rates(start: float, end: float, steps: int, mode: str) -> list[float]:
+    """The `steps` learning rates from `start` to `end`, both included."""
+    if mode == "exp":
+        ratio = end / start
+        return [start * ratio ** (i / (steps - 1)) for i in range(steps)]
+    return [start + (end - start) * i / (steps - 1) for i in range(steps)]
+
+
+def suggest(lrs: list[float], smoothed: list[float], mode: str) -> float | None:
+    """The rate of the steepest fall of the smoothed loss before its lowest point. The
+    slope at each point is taken across its neighbours (a twentieth of the curve on
+    each side, at least 2), so that one noisy batch does not make a steep fall; the
+    first tenth of the curve (at most 10 points) is left out while the average settles."""
+    finite = [i for i, v in enumerate(smoothed) if math.isfinite(v)]
+    if len(finite) < 3:
+        return None
+    lowest = min(finite, key=lambda i: smoothed[i])
+    curve = [i for i in finite if i <= lowest]
+    if len(curve) < 2:
+        return None
+    xs = [math.log10(lrs[i]) if mode == "exp" else lrs[i] for i in curve]
+    ys = [smoothed[i] for i in curve]
+    half = max(2, len(finite) // 20)
+    skip = min(10, len(finite) // 10, len(curve) - 1)
+    best: tuple[float, int] | None = None
+    for k in range(skip, len(curve)):
+        a, b = max(0, k - half), min(len(curve) - 1, k + half)
+        slope = (ys[b] - ys[a]) / (xs[b] - xs[a])
+        if best is None or slope < best[0]:
+            best = (slope, k)
+    return None if best is None else lrs[curve[best[1]]]
+
+
+def _check(start: Any, end: Any, steps: Any, mode: Any, smoothing: Any, diverge: Any) -> None:
+    for name, value in (("start", start), ("end", end)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+            raise ConfigError(f"lr_find({name}=...) must be a learning rate > 0, got {value!r}.")
+    if not end > start:
+        raise ConfigError(f"lr_find needs end > start, got start={start!r}, end={end!r}.")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 2:
+        raise ConfigError(f"lr_find(steps=...) must be an int >= 2, got {steps!r}.")
+    if mode not in ("exp", "linear"):
+        raise ConfigError(f"lr_find(mode=...) takes 'exp' or 'linear', got {mode!r}.")
+    if not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
+        raise ConfigError(f"lr_find(smoothing=...) must be in [0, 1), got {smoothing!r}.")
+    if not isinstance(diverge, (int, float)) or not diverge > 1:
+        raise ConfigError(f"lr_find(diverge=...) must be a factor > 1, got {diverge!r}.")
+
+
+def _batches(loader: Iterable[Any]) -> Iterator[Any]:
+    """The loader's batches, read again from its start when it runs out."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty or iter(loader) is loader:  # an empty loader, or a one-pass iterator
+            return
+
+
+def lr_find(
+    learner: Any,
+    train: Iterable[Any],
+    *,
+    start: float = 1e-7,
+    end: float = 10.0,
+    steps: int = 100,
+    mode: str = "exp",
+    smoothing: float = 0.98,
+    diverge: float = 4.0,
+) -> LrFinderResult:
+    """Run the range test with `learner`'s model, optimizer, device, mixed precision
+    and clipping on `train`; put everything back; write `lr-find.json`; return the curve."""
+    _check(start, end, steps, mode, smoothing, diverge)
+    if learner.devices is not None and len(learner.devices) > 1:
+        raise ConfigError(
+            "lr_find runs in this process, on one device: build a learner with one device "
+            "for the range test, then train on several."
+        )
+    model, optim = learner.model, learner.optim
+    optimizer = optim.optimizer
+    check_steps(model)
+    saved = _Saved(model, optim)
+    lrs, losses, smoothed = [], [], []
+    diverged = False
+    try:
+        average, best = 0.0, math.inf
+        model.train()
+        batches = _batches(train)
+        for index, lr in enumerate(rates(float(start), float(end), steps, mode)):
+            batch = next(batches, None)
+            if batch is None:
+                break
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss = _step(learner, batch, index)
+            value = float(loss.detach())
+            average = smoothing * average + (1 - smoothing) * value
+            current = average / (1 - smoothing ** (index + 1)) if smoothing else value
+            lrs.append(lr)
+            losses.append(value)
+            smoothed.append(current if math.isfinite(value) else math.nan)
+            if not math.isfinite(value) or (index > 0 and current > diverge * best):
+                diverged = True
+                break
+            best = min(best, current)
+    finally:
+        saved.restore(model, optim)
+    if not lrs:
+        raise TrainingError("lr_find: the training data loader yielded no batch.")
+    result = LrFinderResult(lrs, losses, smoothed, suggest(lrs, smoothed, mode), mode, diverged)
+    result.path = _write(Artifacts(learner.artifact_dir), result)
+    return result
+
+
+def _step(learner: Any, batch: Any, index: int) -> torch.Tensor:
+    """One optimizer step on `batch` at the rate already set; its loss."""
+    model, optim = learner.model, learner.optim
+    optimizer = optim.optimizer
+    if learner.device.type != "cpu":
+        batch = to_device(batch, learner.device)
+    try:
+        with optim.autocast():
+            output = model.train_step(batch)
+    except Exception as error:
+        if hasattr(error, "add_note"):
+            error.add_note(
+                f"ember: raised by train_step at step {index + 1} of lr_find; the batch was "
+                f"{describe(batch)}"
+            )
+        raise
+    if index == 0:
+        check_train_output(model, output)
+    loss = output.loss
+    if not torch.isfinite(loss.detach()):
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+    optim.backward(loss, 1.0)
+    scaler = optim.scaler
+    clip = optim.clip_norm is not None or optim.clip_value is not None
+    if scaler is not None and clip:
+        scaler.unscale_(optimizer)
+    if optim.clip_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), optim.clip_norm)
+    if optim.clip_value is not None:
+        torch.nn.utils.clip_grad_value_(model.parameters(), optim.clip_value)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+class _Saved:
+    """Everything the range test changes, copied before it starts."""
+
+    def __init__(self, model: torch.nn.Module, optim: Any) -> None:
+        self.model = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.optimizer = copy.deepcopy(optim.optimizer.state_dict())
+        self.scaler = copy.deepcopy(optim.scaler.state_dict()) if optim.scaler is not None else None
+        self.grads = [
+            None if p.grad is None else p.grad.detach().clone() for p in model.parameters()
+        ]
+        self.training = model.training
+        self.rng = capture_rng_state()
+
+    def restore(self, model: torch.nn.Module, optim: Any) -> None:
+        model.load_state_dict(self.model)
+        optim.optimizer.load_state_dict(self.optimizer)
+        if self.scaler is not None:
+            optim.scaler.load_state_dict(self.scaler)
+        for parameter, grad in zip(model.parameters(), self.grads):
+            parameter.grad = grad
+        model.train(self.training)
+        restore_rng_state(self.rng)
+
+
+def _write(artifacts: Artifacts, result: LrFinderResult) -> Path:
+    from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
+
+    artifacts.check_writable()
+    path = artifacts.lr_find
+    text = json.dumps(result.to_json(), indent=1, allow_nan=False) + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"))
+    return path

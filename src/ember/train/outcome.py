@@ -1,0 +1,172 @@
+"""How a run ended: `Learner.outcome`, one text with the reason behind it.
+
+`Outcome` is a `str` (the text `experiment.log`, `history.jsonl`, the summary and the
+renderers show: "completed", "stopped: <why>", "stopped early: <why>", "failed",
+"failed: non-finite loss ...", "interrupted") that also carries a `StopReason` and, for
+early stopping, the `EarlyStop` decision: which rule fired and on which values. Code
+that compared or parsed the text keeps working.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any
+
+
+class StopReason(str, enum.Enum):
+    """Why a run ended."""
+
+    COMPLETED = "completed"
+    """Every epoch ran."""
+    EARLY_STOPPED = "early_stopped"
+    """The early stopping strategy ended it (`Outcome.early_stop` says which rule)."""
+    PRUNED = "pruned"
+    """The pruning strategy of a hyperparameter search ended it (`LearnerBuilder.pruning`)."""
+    STOPPED = "stopped"
+    """A graceful stop asked from code or the dashboard (`Interrupter.stop`)."""
+    SIGNAL = "signal"
+    """A graceful stop asked by a signal (SIGTERM, a first Ctrl-C)."""
+    INTERRUPTED = "interrupted"
+    """A second Ctrl-C: `fit` raised `KeyboardInterrupt`."""
+    NONFINITE_LOSS = "nonfinite_loss"
+    """A NaN or infinite loss stopped it (`nonfinite_loss("stop")`): `fit` raised."""
+    FAILED = "failed"
+    """Another error: `fit` raised it."""
+
+
+class EarlyStopRule(str, enum.Enum):
+    """Which rule of an early stopping strategy fired."""
+
+    NO_IMPROVEMENT = "no_improvement"
+    STOPPING_THRESHOLD = "stopping_threshold"
+    DIVERGENCE_THRESHOLD = "divergence_threshold"
+    NON_FINITE = "non_finite"
+    CUSTOM = "custom"
+    """A strategy of your own that returned plain text."""
+
+
+class EarlyStop(str):
+    """An early stopping decision: its text (what `should_stop` returns) with the rule
+    that fired, the monitored metric (`split_name`, `metric`), the epoch and value that
+    decided, and the threshold or best value it was compared with."""
+
+    rule: EarlyStopRule
+    split_name: str | None
+    """The monitored split ("train", "valid"); `split` stays the str method."""
+    metric: str | None
+    epoch: int | None
+    iteration: int | None
+    """The training batches done in `epoch` for a validation inside it; None at its end."""
+    value: float | None
+    reference: float | None
+
+    def __new__(
+        cls,
+        text: str,
+        rule: EarlyStopRule,
+        *,
+        split: str | None = None,
+        metric: str | None = None,
+        epoch: int | None = None,
+        iteration: int | None = None,
+        value: float | None = None,
+        reference: float | None = None,
+    ) -> EarlyStop:
+        decision = super().__new__(cls, text)
+        decision.rule = EarlyStopRule(rule)
+        decision.split_name, decision.metric, decision.epoch = split, metric, epoch
+        decision.iteration = iteration
+        decision.value, decision.reference = value, reference
+        return decision
+
+    @classmethod
+    def of(cls, decision: str) -> EarlyStop:
+        """`decision` as an `EarlyStop` (plain text from a custom strategy: rule CUSTOM)."""
+        return decision if isinstance(decision, EarlyStop) else cls(decision, EarlyStopRule.CUSTOM)
+
+
+class Outcome(str):
+    """How a run ended: the text, with `reason` (a `StopReason`), `early_stop` (the
+    decision, when early stopping ended it) and `signal` (its number, for SIGNAL)."""
+
+    reason: StopReason
+    early_stop: EarlyStop | None
+    signal: int | None
+
+    def __new__(
+        cls,
+        text: str,
+        reason: StopReason,
+        *,
+        early_stop: EarlyStop | None = None,
+        signal: int | None = None,
+    ) -> Outcome:
+        outcome = super().__new__(cls, text)
+        outcome.reason = StopReason(reason)
+        outcome.early_stop = early_stop
+        outcome.signal = signal
+        return outcome
+
+    @classmethod
+    def completed(cls) -> Outcome:
+        return cls("completed", StopReason.COMPLETED)
+
+    @classmethod
+    def stopped_early(cls, decision: str) -> Outcome:
+        early = EarlyStop.of(decision)
+        return cls(f"stopped early: {early}", StopReason.EARLY_STOPPED, early_stop=early)
+
+    @classmethod
+    def pruned(cls, why: str) -> Outcome:
+        return cls(f"pruned: {why}", StopReason.PRUNED)
+
+    @classmethod
+    def stopped(cls, message: str, signal: int | None) -> Outcome:
+        reason = StopReason.STOPPED if signal is None else StopReason.SIGNAL
+        return cls(f"stopped: {message}", reason, signal=None if signal is None else int(signal))
+
+    @classmethod
+    def failed(cls, error: BaseException, non_finite_loss: bool = False) -> Outcome:
+        """How a run that raised `error` ended (`non_finite_loss`: the error is the
+        loss guard's `NonFiniteLoss`)."""
+        if isinstance(error, KeyboardInterrupt):
+            return cls("interrupted", StopReason.INTERRUPTED)
+        if non_finite_loss:
+            first = str(error).split(". ", 1)[0].rstrip(".")  # "The loss is NaN at ..."
+            return cls(f"failed: {first[:1].lower()}{first[1:]}", StopReason.NONFINITE_LOSS)
+        return cls("failed", StopReason.FAILED)
+
+    @property
+    def exit_code(self) -> int:
+        """0 for a run that completed, stopped early, was pruned or stopped on request; 128 +
+        the signal number after a signal; 130 after a second Ctrl-C; 1 for a failure."""
+        if self.reason is StopReason.INTERRUPTED:
+            return 130
+        if self.reason is StopReason.SIGNAL and self.signal is not None:
+            return 128 + self.signal
+        if self.reason in (StopReason.FAILED, StopReason.NONFINITE_LOSS):
+            return 1
+        return 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The reason, for `history.jsonl` (`stop_reason`)."""
+        data: dict[str, Any] = {"reason": self.reason.value}
+        if self.signal is not None:
+            data["signal"] = self.signal
+        early = self.early_stop
+        if early is not None:
+            data["rule"] = early.rule.value
+            for key, attribute in (
+                ("split", "split_name"),
+                ("metric", "metric"),
+                ("epoch", "epoch"),
+                ("iteration", "iteration"),
+                ("value", "value"),
+                ("reference", "reference"),
+            ):
+                value = getattr(early, attribute)
+                if value is not None:
+                    finite = not isinstance(value, float) or math.isfinite(value)
+                    data[key] = value if finite else repr(value)
+        return data

@@ -1,0 +1,170 @@
+"""Validation inside an epoch (`LearnerBuilder.valid_every(n)`).
+
+Every `n` optimizer steps of an epoch (but its last, which the end-of-epoch validation
+covers), the loop hands over to `ValidationPoints.run`: the model runs `valid_step` on
+the whole validation loader in eval and inference mode, the values go to
+`valid/epoch-N/iteration-K/<Metric>.log` (K: the training batches done in the epoch),
+to the run history's points, to the renderer (its optional `valid_point`) and to the
+listeners (`ValidPoint`). Then the model is back in train mode and every random
+generator is put back as it was, so the training that follows is the same, batch for
+batch, as without the point: a run stopped and resumed around a point ends equal to
+one never stopped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from ember.data.device import to_device
+from ember.rng import capture_rng_state, restore_rng_state
+from ember.train.artifacts import Artifacts, format_line, write_matrix
+from ember.train.batches import BatchPlanner, Step, batch_size
+from ember.train.events import ValidPoint
+from ember.train.history import Points, RunHistory
+from ember.train.logger.base import MetricRecord
+from ember.train.metric.base import RegisteredMetric
+from ember.train.processor import MetricsProcessor
+from ember.train.step import call_step
+
+
+class PointLogger:
+    """Writes one validation point's metric logs, each file whole and atomically once
+    the point is done (a point's folder is complete or absent)."""
+
+    def __init__(self, artifacts: Artifacts, iteration: int) -> None:
+        self.artifacts = artifacts
+        self.iteration = iteration
+        self._lines: dict[str, list[str]] = {}
+
+    def log(self, split: str, epoch: int, records: Sequence[MetricRecord]) -> None:
+        for record in records:
+            self._lines.setdefault(record.name, []).append(format_line(record.value, record.weight))
+
+    def end_epoch(self, split: str, epoch: int, aggregates: dict[str, float]) -> None:
+        from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
+
+        for name, lines in self._lines.items():
+            path = self.artifacts.point_log(epoch, self.iteration, name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(path, "".join(lines).encode("utf-8"))
+        self._lines.clear()
+
+    def close(self) -> None:
+        self._lines.clear()
+
+
+class ValidationPoints:
+    """Decides when a point is due and runs it."""
+
+    def __init__(
+        self,
+        every: int,
+        accumulation: int,
+        metrics: Sequence[RegisteredMetric],
+        num_epochs: int,
+        artifacts: Artifacts,
+        history: RunHistory,
+        autocast: Callable[[], Any],
+    ) -> None:
+        self.every = every
+        self.accumulation = accumulation
+        self.metrics = tuple(metrics)
+        self.num_epochs = num_epochs
+        self.artifacts = artifacts
+        self.history = history
+        self.autocast = autocast
+
+    def due(self, step: Step, total: int | None) -> bool:
+        """After this step: the `every`-th optimizer step of the epoch (counted from its
+        first batch), not its last step, and every process still has batches."""
+        last = step.first + len(step.batches) - 1
+        number = (step.first - 1) // self.accumulation + 1
+        if number % self.every or not step.may_vote:
+            return False
+        return total is None or last < total
+
+    def run(
+        self,
+        model: torch.nn.Module,
+        planner: BatchPlanner,
+        epoch: int,
+        iteration: int,
+        device: torch.device,
+        dist: Any,
+        main: bool,
+        renderer: Any,
+        emit: Callable[[Any], None],
+        evaluation: Callable[[], Any] = torch.inference_mode,
+    ) -> dict[str, float]:
+        """Validate on the whole loader after `iteration` training batches of `epoch`,
+        under `evaluation` (inference mode; no_grad for a sharded model); returns the
+        point's values (every process gets rank 0's)."""
+        rng = capture_rng_state()
+        training = model.training
+        loggers = {"valid": [PointLogger(self.artifacts, iteration)] if main else []}
+        processor = MetricsProcessor({"valid": self.metrics}, loggers, None, self.num_epochs)
+        plan = planner.epoch(epoch)
+        move = device.type != "cpu"
+        model.eval()
+        processor.start_split("valid", epoch, plan.total)
+        try:
+            with evaluation(), self.autocast():
+                for number, batch in enumerate(plan.batches(), start=1):
+                    if move:
+                        batch = to_device(batch, device)
+                    item = call_step(model.valid_step, batch, "valid_step", epoch, number)
+                    processor.update(item, number, batch_size(batch), None)
+            values = processor.end_split(dist)
+        finally:
+            model.train(training)
+            restore_rng_state(rng)
+        self.history.add_point(epoch, iteration, {"valid": values})  # written by rank 0
+        if main:
+            for name, counts in processor.matrices.items():  # confusion matrices
+                write_matrix(self.artifacts.point_matrix_file(epoch, iteration, name), name, counts)
+            hook = getattr(renderer, "valid_point", None)
+            if callable(hook):
+                hook(iteration, processor.progress(), processor.views(final=values))
+        emit(ValidPoint(epoch, iteration, dict(values)))
+        return values
+
+
+def validation_points(history: RunHistory) -> Points:
+    """Every validation of the run in order: each epoch's points inside it, then its
+    end-of-epoch validation (iteration None)."""
+    inside = history.point_entries()
+    result: list[tuple[int, int | None, Mapping[str, Mapping[str, float]]]] = []
+    epochs = history.entries()
+    ends = {epoch for epoch, _ in epochs}
+    for epoch, values in epochs:
+        result.extend((e, i, v) for e, i, v in inside if e == epoch)
+        if "valid" in values:
+            result.append((epoch, None, {"valid": values["valid"]}))
+    result.extend((e, i, v) for e, i, v in inside if e not in ends)  # the epoch running
+    return result
+
+
+def counts_points(strategy: Any) -> bool:
+    """An early stopping strategy that counts validation points: it has
+    `should_stop_at_point(points)` and watches a validation metric."""
+    ask = getattr(strategy, "should_stop_at_point", None)
+    return callable(ask) and getattr(strategy, "split", "valid") == "valid"
+
+
+def early_stop(strategy: Any, history: RunHistory, points: bool) -> str | None:
+    """Ask the early stopping strategy. In a run with validation points (`points`), a
+    strategy that counts them sees every validation of the run; otherwise it judges the
+    completed epochs (`should_stop(history)`)."""
+    if points and counts_points(strategy):
+        return strategy.should_stop_at_point(validation_points(history))  # type: ignore[no-any-return]
+    return strategy.should_stop(history.entries())  # type: ignore[no-any-return]
+
+
+def stop_at_point(strategy: Any, history: RunHistory) -> str | None:
+    """After a validation point: the reason an early stopping strategy that counts
+    points gives to stop there, or None (no strategy, or one that judges epochs)."""
+    if strategy is None or not counts_points(strategy):
+        return None
+    return strategy.should_stop_at_point(validation_points(history))  # type: ignore[no-any-return]
