@@ -104,7 +104,9 @@ class ValidationPoints:
         rng = capture_rng_state()
         training = model.training
         loggers = {"valid": [PointLogger(self.artifacts, iteration)] if main else []}
-        processor = MetricsProcessor({"valid": self.metrics}, loggers, None, self.num_epochs)
+        processor = MetricsProcessor(
+            {"valid": self.metrics}, loggers, None, self.num_epochs, gathers=dist is not None
+        )
         plan = planner.epoch(epoch)
         move = device.type != "cpu"
         model.eval()
