@@ -70,7 +70,7 @@ def test_the_history_file_is_appended_at_each_epoch_not_rewritten(
     records = [json.loads(line) for line in final.decode().splitlines()]
     assert records[0] == {"format": "ember-history", "version": 2}
     assert [r["epoch"] for r in records if "epoch" in r] == [1, 2, 3, 4]
-    assert records[-1] == {"outcome": "completed"}
+    assert records[-1] == {"outcome": "completed", "stop_reason": {"reason": "completed"}}
     assert RunHistory.load(tmp_path / "history.jsonl").epochs == learner.history
 
 
