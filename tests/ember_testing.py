@@ -122,10 +122,15 @@ def load_example(path: Path, name: str) -> Any:
 
 
 def sigterm_when(
-    script: Path, args: Sequence[str], log: Path, lines: int = 5, env: dict | None = None
+    script: Path,
+    args: Sequence[str],
+    log: Path,
+    lines: int = 5,
+    env: dict | None = None,
+    signum: int | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run `python script ARGS` and send it SIGTERM once `log` (a metric log of the run)
-    has `lines` lines: a run stopped in the middle of an epoch."""
+    """Run `python script ARGS` and send it SIGTERM (or `signum`) once `log` (a metric
+    log of the run) has `lines` lines: a run stopped in the middle of an epoch."""
     import signal
     import time
 
@@ -143,7 +148,7 @@ def sigterm_when(
         if process.poll() is not None:
             break
         time.sleep(0.02)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signal.SIGTERM if signum is None else signum)
     out, err = process.communicate(timeout=120)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 

@@ -1,7 +1,8 @@
 """A small training run driven by tests in a subprocess (kills, signals, resume).
 
 Usage: python train_blobs.py DIR [--epochs N] [--resume] [--workers N] [--accumulation N]
-       [--sleep SECONDS] [--ready FILE] [--valid-every N] [--ema]
+       [--sleep SECONDS] [--ready FILE] [--valid-every N] [--ema] [--auto]
+       [--preemption SIGNAL] [--requeue] [--requeue-log FILE]
 Writes the final weights to DIR/final.mpk when training completes; with --ema (an EMA
 callback and the gradient norm metric), the EMA weights to DIR/ema.mpk.
 """
@@ -52,6 +53,10 @@ def main() -> int:
     parser.add_argument("--ready", default=None)
     parser.add_argument("--ema", action="store_true")
     parser.add_argument("--valid-every", type=int, default=None)
+    parser.add_argument("--auto", action="store_true")
+    parser.add_argument("--preemption", default=None)
+    parser.add_argument("--requeue", action="store_true")
+    parser.add_argument("--requeue-log", default=None)
     args = parser.parse_args()
 
     ember.seed(9)
@@ -92,6 +97,15 @@ def main() -> int:
                 .num_epochs(args.epochs)
                 .renderer(PlainRenderer(interval=3600))
             )
+    if args.auto:
+        builder = builder.checkpoint("auto")
+    if args.preemption is not None:
+        builder = builder.preemption(args.preemption, requeue=args.requeue)
+    if args.requeue_log is not None:  # instead of scontrol: the job id is written down
+        from ember.train import preemption
+
+        log = Path(args.requeue_log)
+        preemption.requeue_job = lambda job: log.write_text(job)
     ema = EMA(decay=0.9, validate_with_ema=True)
     if args.ema:
         builder = builder.callback(ema).metric_train_numeric(GradNormMetric())

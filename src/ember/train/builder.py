@@ -85,6 +85,7 @@ class LearnerBuilder:
         self._monitor: tuple[str, str] | None = None
         self._hparams: dict[str, Any] | None = None
         self._pruning: PruningStrategy | None = None
+        self._preemption: Any = None
         self._valid_every: int | None = None
         self._limits: dict[str, int | float | None] = {"train": None, "valid": None}
         self._model_summary: int | None = 1
@@ -289,23 +290,28 @@ class LearnerBuilder:
         self, epoch: int | str, *, hyperparameters: str = "checkpoint"
     ) -> LearnerBuilder:
         """Resume from the checkpoint of `epoch` (or `"latest"`, the newest one that loads,
-        which may be a run stopped mid-epoch) and continue right after it. The optimizer
+        which may be a run stopped mid-epoch) and continue right after it. `"auto"` starts
+        a fresh run when the directory holds no checkpoint (replacing the logs of an
+        attempt that saved none) and resumes as `"latest"` otherwise: the same command
+        starts and resumes a run (see docs/long-runs.md). The optimizer
         must be of the checkpoint's class. Its hyperparameters (and a constant learning
         rate) are the checkpoint's unless `hyperparameters="new"`; every difference is
         logged either way."""
-        if isinstance(epoch, str) and epoch != "latest":
+        if isinstance(epoch, str) and epoch not in ("latest", "auto"):
             hint = (
                 " (did you mean 'latest'?)" if epoch.lower() in ("last", "newest", "recent") else ""
             )
             raise ConfigError(
-                f"checkpoint() takes an epoch number or 'latest', got {epoch!r}{hint}."
+                f"checkpoint() takes an epoch number, 'latest' or 'auto', got {epoch!r}{hint}."
             )
         if hyperparameters not in ("checkpoint", "new"):
             raise ConfigError(
                 "checkpoint(hyperparameters=...) takes 'checkpoint' (the checkpoint's "
                 f"optimizer settings win) or 'new' (this run's win), got {hyperparameters!r}."
             )
-        self._checkpoint = epoch if epoch == "latest" else _positive_int(epoch, "checkpoint")
+        self._checkpoint = (
+            epoch if epoch in ("latest", "auto") else _positive_int(epoch, "checkpoint")
+        )
         self._resume_hyperparameters = hyperparameters
         return self
 
@@ -387,6 +393,19 @@ class LearnerBuilder:
         `ember.integrations.optuna.OptunaPruning`)."""
         check_plugin(strategy, PruningStrategy, "a pruning strategy")
         self._pruning = strategy
+        return self
+
+    def preemption(self, signal: str = "SIGTERM", *, requeue: bool = False) -> LearnerBuilder:
+        """Run on a preemptible machine: `signal` ("SIGTERM" or "SIGUSR1", the one the
+        scheduler sends before it takes the machine) stops the run at the next step
+        boundary with a checkpoint. The outcome is "preempted: <signal>" (reason
+        `StopReason.PREEMPTED`) and `exit_code` is 128 + the signal number (143 for
+        SIGTERM, 138 for SIGUSR1): "preempted, requeue me". With `requeue=True` under
+        SLURM (`SLURM_JOB_ID` set) rank 0 then runs `scontrol requeue $SLURM_JOB_ID`;
+        with `checkpoint("auto")` the requeued job resumes where this one stopped."""
+        from ember.train.preemption import Preemption
+
+        self._preemption = Preemption.parse(signal, requeue)
         return self
 
     def interrupter(self) -> Interrupter:
@@ -491,6 +510,7 @@ class LearnerBuilder:
             resume_hyperparameters=self._resume_hyperparameters,
             hparams=self._hparams,
             pruning=self._pruning,
+            preemption=self._preemption,
             valid_every=self._valid_every,
             limit_batches=(self._limits["train"], self._limits["valid"]),
         )
@@ -548,6 +568,17 @@ class LearnerBuilder:
                 "checkpoint() resumes from saved checkpoints, but no checkpointer is set: "
                 "add with_file_checkpointer(recorder) with the recorder of the first run."
             )
+        if self._checkpoint == "auto":  # no checkpoint: a fresh run, unless that loses some
+            other = other_checkpoint_formats(
+                Artifacts(self._artifact_dir).checkpoints, self._recorder
+            )
+            if other and not checkpointer.epochs():
+                raise ConfigError(
+                    f"checkpoint('auto'): the checkpoints in {checkpointer} were written in "
+                    f"another format ({other}), and a fresh run would replace them: resume "
+                    "with that recorder in with_file_checkpointer(...)."
+                )
+            return
         available = checkpointer.epochs()
         listing = ", ".join(map(str, available)) if available else "none"
         if self._checkpoint == "latest" and available:

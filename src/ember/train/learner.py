@@ -38,7 +38,7 @@ from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
 from ember.train.model_summary import summarize_model
 from ember.train.options import LearnerOptions
-from ember.train.outcome import Outcome
+from ember.train.outcome import Outcome, StopReason
 from ember.train.output import summed_loss_hint
 from ember.train.parallel import evaluation, join, no_sync, parallelize
 from ember.train.position import Position
@@ -234,7 +234,7 @@ class Learner:
         run = self._prepare(train, valid)
         reason: Outcome | str = "failed"
         try:
-            with signal_handlers(self.interrupter):
+            with signal_handlers(self.interrupter, self.options.preemption):
                 processor = self._start(run, valid)
                 self._hook("on_fit_start", run.resume.position.epoch)
                 reason = self._epochs(processor, run.train, run.valid, run.resume)
@@ -242,6 +242,9 @@ class Learner:
                 self.checkpoints.finish()  # the last checkpoint is on disk, or the run failed
             self.outcome = reason
             log.info("Training %s after epoch %d.", reason, self.epoch)
+            if self.options.preemption is not None:  # requeue a preempted SLURM job
+                preempted = isinstance(reason, Outcome) and reason.reason is StopReason.PREEMPTED
+                self.options.preemption.after(preempted, run.main)
             if restore_best:
                 self.checkpoints.restore_best(self.model, self.dist)
             if self.dist is not None and self.dist.sharding is not None:
@@ -281,7 +284,8 @@ class Learner:
             self._ddp = parallelize(self.model, self.optimizer, dist, self.options.fsdp)
         notes += [*resume.notes, *self.checkpoints.restore(resume, self.model, self.optim, dist)]
         if main:
-            self.artifacts.prepare(resume.position.kept_epochs(), self.options.overwrite)
+            overwrite = self.options.overwrite or resume.replace  # checkpoint("auto")
+            self.artifacts.prepare(resume.position.kept_epochs(), overwrite)
         self._load_history(resume, main)
         app_log = FileApplicationLogger(self.artifacts.experiment_log)
         if self.options.application_log and main:
@@ -298,7 +302,7 @@ class Learner:
         check the validation step; return the run's metrics processor."""
         start, dist = run.resume.position, self.dist
         for note in run.notes:
-            resumed = note.startswith(("Resumed from", "Resuming from"))
+            resumed = note.startswith(("Resumed from", "Resuming from", "checkpoint('auto')"))
             log.log(logging.INFO if resumed else logging.WARNING, "%s", note)
         processor = MetricsProcessor(
             self.metrics, run.loggers, run.renderer, self.num_epochs, gathers=dist is not None
@@ -639,7 +643,10 @@ class Learner:
 
     def _stop_reason(self) -> Outcome:
         message = self.interrupter.message or "stop requested on another rank"
-        return Outcome.stopped(message, self.interrupter.signal)
+        preemption, signum = self.options.preemption, self.interrupter.signal
+        if preemption is not None and signum is not None and signum == preemption.signal:
+            return Outcome.preempted(signum, preemption.name)
+        return Outcome.stopped(message, signum)
 
     # Setting up ------------------------------------------------------------------
     def _load_history(self, resume: Resume, main: bool) -> None:

@@ -58,6 +58,8 @@ class LearnerOptions:
     hparams: Mapping[str, Any] | None = None
     """The run's hyperparameters (`LearnerBuilder.hparams`), JSON-ready; None if not given."""
     pruning: PruningStrategy | None = None
+    preemption: Any = None
+    """The preemption signal and requeue (`LearnerBuilder.preemption`), or None."""
     """What may prune the run at an epoch end (`LearnerBuilder.pruning`), or None."""
     fsdp: FsdpOptions | None = None
     """How the model is sharded over the processes (None: DDP, or one process)."""

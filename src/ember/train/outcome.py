@@ -27,6 +27,9 @@ class StopReason(str, enum.Enum):
     """A graceful stop asked from code or the dashboard (`Interrupter.stop`)."""
     SIGNAL = "signal"
     """A graceful stop asked by a signal (SIGTERM, a first Ctrl-C)."""
+    PREEMPTED = "preempted"
+    """The preemption signal (`LearnerBuilder.preemption`) stopped it with a checkpoint:
+    requeue the job; it resumes with `checkpoint("auto")`."""
     INTERRUPTED = "interrupted"
     """A second Ctrl-C: `fit` raised `KeyboardInterrupt`."""
     NONFINITE_LOSS = "nonfinite_loss"
@@ -127,6 +130,10 @@ class Outcome(str):
         return cls(f"stopped: {message}", reason, signal=None if signal is None else int(signal))
 
     @classmethod
+    def preempted(cls, signal: int, name: str) -> Outcome:
+        return cls(f"preempted: {name}", StopReason.PREEMPTED, signal=int(signal))
+
+    @classmethod
     def failed(cls, error: BaseException, non_finite_loss: bool = False) -> Outcome:
         """How a run that raised `error` ended (`non_finite_loss`: the error is the
         loss guard's `NonFiniteLoss`)."""
@@ -140,10 +147,12 @@ class Outcome(str):
     @property
     def exit_code(self) -> int:
         """0 for a run that completed, stopped early, was pruned or stopped on request; 128 +
-        the signal number after a signal; 130 after a second Ctrl-C; 1 for a failure."""
+        the signal number after a signal or a preemption (143 for SIGTERM, 138 for
+        SIGUSR1: "preempted, requeue me"); 130 after a second Ctrl-C; 1 for a failure."""
         if self.reason is StopReason.INTERRUPTED:
             return 130
-        if self.reason is StopReason.SIGNAL and self.signal is not None:
+        preempted = (StopReason.SIGNAL, StopReason.PREEMPTED)
+        if self.reason in preempted and self.signal is not None:
             return 128 + self.signal
         if self.reason in (StopReason.FAILED, StopReason.NONFINITE_LOSS):
             return 1

@@ -15,9 +15,10 @@ _SIGINT_MESSAGE_NOTEBOOK = "interrupted from the notebook (interrupt again to st
 
 
 @contextlib.contextmanager
-def signal_handlers(interrupter: Interrupter) -> Iterator[None]:
+def signal_handlers(interrupter: Interrupter, preemption: Any = None) -> Iterator[None]:
     """While training: SIGTERM and a first Ctrl-C stop gracefully (checkpoint, clean
-    exit); a second Ctrl-C raises KeyboardInterrupt at once. Only in the main thread."""
+    exit); a second Ctrl-C raises KeyboardInterrupt at once; the signal of `preemption`
+    (a `Preemption`, if given) stops gracefully too. Only in the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -32,10 +33,16 @@ def signal_handlers(interrupter: Interrupter) -> Iterator[None]:
     def on_sigterm(signum: int, frame: Any) -> None:
         interrupter.stop("terminated by SIGTERM", signal=signum)
 
+    def on_preemption(signum: int, frame: Any) -> None:
+        interrupter.stop(f"preempted by {signal.Signals(signum).name}", signal=signum)
+
     previous = {
         signal.SIGINT: signal.signal(signal.SIGINT, on_sigint),
         signal.SIGTERM: signal.signal(signal.SIGTERM, on_sigterm),
     }
+    if preemption is not None:
+        replaced = signal.signal(preemption.signal, on_preemption)
+        previous.setdefault(preemption.signal, replaced)  # SIGTERM: the original handler
     try:
         yield
     finally:

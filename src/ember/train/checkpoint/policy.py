@@ -28,11 +28,15 @@ class Resume:
         position: Position,
         state: dict[str, Any] | None = None,
         notes: list[str] | None = None,
+        replace: bool = False,
     ) -> None:
         self.position = position
         self.state = state
         self.notes = notes or []
         """Warnings about the choice of checkpoint, logged once the run's log is open."""
+        self.replace = replace
+        """A fresh run of checkpoint("auto"): the logs of an earlier attempt that saved no
+        checkpoint are replaced."""
 
     def metric_states(self, dist: Any) -> list[dict[str, Any]]:
         """The whole-epoch metric states a mid-epoch checkpoint kept that this process
@@ -57,7 +61,8 @@ class Resume:
 
 class CheckpointPolicy:
     """Saves at each epoch end and when a run stops mid-epoch; resumes from
-    `resume_from` (an epoch or "latest"); restores the best epoch on request. With no
+    `resume_from` (an epoch, "latest", or "auto": "latest" when a checkpoint exists, else
+    a fresh run); restores the best epoch on request. With no
     checkpointer, every call is a no-op (and resuming is refused by the builder)."""
 
     def __init__(
@@ -84,7 +89,17 @@ class CheckpointPolicy:
         if self.resume_from is None or checkpointer is None:
             return Resume(Position(1, fresh=True))
         notes: list[str] = []
-        if self.resume_from == "latest":
+        lead: list[str] = []
+        if self.resume_from == "auto":
+            if not checkpointer.epochs():
+                where = f" in {checkpointer}"
+                return Resume(
+                    Position(1, fresh=True),
+                    notes=[f"checkpoint('auto'): no checkpoint{where}, starting a fresh run."],
+                    replace=True,
+                )
+            lead.append(f"checkpoint('auto'): resuming the run in {checkpointer}.")
+        if self.resume_from in ("latest", "auto"):
             epoch = None
             for candidate in reversed(checkpointer.epochs()):
                 problem = self._damage(candidate)
@@ -93,11 +108,11 @@ class CheckpointPolicy:
                     break
                 notes.append(
                     f"The checkpoint of epoch {candidate} cannot be loaded ({problem}); "
-                    "checkpoint('latest') falls back to the one before it."
+                    f"checkpoint({self.resume_from!r}) falls back to the one before it."
                 )
             if epoch is None:
                 raise TrainingError(
-                    "checkpoint('latest'): no checkpoint loads. "
+                    f"checkpoint({self.resume_from!r}): no checkpoint loads. "
                     + " ".join(notes or ["There is no complete checkpoint."])
                     + " Start without checkpoint()."
                 )
@@ -113,7 +128,7 @@ class CheckpointPolicy:
                     f"that load: {', '.join(map(str, loadable)) or 'none'}."
                 )
         state = checkpointer.load(epoch, "scheduler", None)
-        return Resume(Position.from_state(state["learner"]), state, notes)
+        return Resume(Position.from_state(state["learner"]), state, [*lead, *notes])
 
     def _damage(self, epoch: int) -> str | None:
         """What is wrong with the checkpoint of `epoch` (every part is read), or None."""
