@@ -128,9 +128,11 @@ def sigterm_when(
     lines: int = 5,
     env: dict | None = None,
     signum: int | None = None,
+    text: str | None = None,
 ) -> subprocess.CompletedProcess:
     """Run `python script ARGS` and send it SIGTERM (or `signum`) once `log` (a metric
-    log of the run) has `lines` lines: a run stopped in the middle of an epoch."""
+    log of the run) has `lines` lines, or holds `text` when given: a run stopped in the
+    middle of an epoch."""
     import signal
     import time
 
@@ -143,8 +145,10 @@ def sigterm_when(
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if log.exists() and len(log.read_text().splitlines()) >= lines:
-            break
+        if log.exists():
+            content = log.read_text()
+            if (text in content) if text is not None else len(content.splitlines()) >= lines:
+                break
         if process.poll() is not None:
             break
         time.sleep(0.02)

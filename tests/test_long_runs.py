@@ -1,4 +1,5 @@
-"""Runs on preemptible machines: checkpoint("auto") and preemption(signal, requeue)."""
+"""Runs on preemptible machines: checkpoint("auto"), checkpoint_every, max_time and
+preemption(signal, requeue)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,31 @@ import torch
 from ember_testing import Classifier, run_script, sigterm_when
 
 from ember.errors import ConfigError
+from ember.optim import AdamConfig
 from ember.record import DefaultRecorder
 from ember.train import LearnerBuilder
+from ember.train.checkpoint import FileCheckpointer
 from ember.train.outcome import StopReason
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_blobs.py"
+DDP_SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Path:
+    """The reference: the same run, never interrupted."""
+    directory = tmp_path_factory.mktemp("straight")
+    done = run_script(SCRIPT, str(directory), timeout=120)
+    assert done.returncode == 0, done.stderr
+    return directory
+
+
+def stop_reasons(directory: Path) -> list[dict]:
+    return [
+        json.loads(line)["stop_reason"]
+        for line in (directory / "history.jsonl").read_text().splitlines()
+        if '"stop_reason"' in line
+    ]
 
 
 def final_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -40,9 +61,9 @@ def signal_when(
 
 
 @pytest.mark.slow
-def test_the_same_command_started_again_after_each_kill_ends_like_an_uninterrupted_run(tmp_path):
-    straight = run_script(SCRIPT, str(tmp_path / "straight"), timeout=120)
-    assert straight.returncode == 0, straight.stderr
+def test_the_same_command_started_again_after_each_kill_ends_like_an_uninterrupted_run(
+    tmp_path, straight
+):
     run = tmp_path / "auto"
 
     # killed outright in epoch 1: logs, no checkpoint; the next start is a fresh run
@@ -70,13 +91,11 @@ def test_the_same_command_started_again_after_each_kill_ends_like_an_uninterrupt
     assert "Resumed from the checkpoint of epoch 3, iteration" in (
         (run / "experiment.log").read_text()
     )
-    assert_same_weights(tmp_path / "straight", run)
+    assert_same_weights(straight, run)
 
 
 @pytest.mark.slow
-def test_sigusr1_preempts_requeues_the_slurm_job_and_the_requeued_job_resumes(tmp_path):
-    straight = run_script(SCRIPT, str(tmp_path / "straight"), timeout=120)
-    assert straight.returncode == 0, straight.stderr
+def test_sigusr1_preempts_requeues_the_slurm_job_and_the_requeued_job_resumes(tmp_path, straight):
     run, requeued = tmp_path / "job", tmp_path / "requeued.txt"
     options = ("--auto", "--preemption", "SIGUSR1", "--requeue", "--requeue-log", str(requeued))
     env = {**os.environ, "SLURM_JOB_ID": "4242"}
@@ -88,19 +107,14 @@ def test_sigusr1_preempts_requeues_the_slurm_job_and_the_requeued_job_resumes(tm
     log = (run / "experiment.log").read_text()
     assert "Checkpoint of epoch 2, iteration" in log
     assert "Requeued SLURM job 4242" in log
-    outcomes = [
-        json.loads(line)
-        for line in (run / "history.jsonl").read_text().splitlines()
-        if '"outcome"' in line
-    ]
-    assert outcomes[-1]["stop_reason"] == {"reason": "preempted", "signal": signal.SIGUSR1}
+    assert stop_reasons(run)[-1] == {"reason": "preempted", "signal": signal.SIGUSR1}
     assert not (run / "final.mpk").exists()
 
     requeued.unlink()
     again = run_script(SCRIPT, str(run), *options, timeout=120)
     assert again.returncode == 0, again.stderr
     assert not requeued.exists()  # a completed run is not requeued
-    assert_same_weights(tmp_path / "straight", run)
+    assert_same_weights(straight, run)
 
 
 def test_a_preemption_outside_slurm_is_not_requeued_and_says_how_to_resume(tmp_path):
@@ -132,3 +146,95 @@ def test_preempted_is_a_stop_reason_with_the_signal_exit_code():
     assert outcome == "preempted: SIGUSR1"
     assert outcome.reason is StopReason.PREEMPTED
     assert outcome.exit_code == 138
+
+
+@pytest.mark.slow
+def test_checkpoints_every_n_steps_resume_exactly_after_a_hard_kill(tmp_path, straight):
+    """20 batches an epoch, a checkpoint every 7 steps: at iterations 7 and 14 (the
+    epoch end checkpoints anyway). Killed outright after the one at epoch 2, iteration
+    14, the run resumes from it and ends as if never stopped."""
+    run = tmp_path / "job"
+    options = ("--auto", "--every-steps", "7")
+    killed = sigterm_when(
+        SCRIPT,
+        [str(run), "--sleep", "0.05", *options],
+        run / "experiment.log",
+        signum=signal.SIGKILL,
+        text="Checkpoint of epoch 2, iteration 14 written",
+    )
+    assert killed.returncode == -signal.SIGKILL
+    log = (run / "experiment.log").read_text()
+    for where in (
+        "epoch 1, iteration 7",
+        "epoch 1, iteration 14",
+        "epoch 1",
+        "epoch 2, iteration 7",
+    ):
+        assert f"Checkpoint of {where} written" in log, where
+    assert "iteration 20 written" not in log  # the epoch's last step: its end checkpoints
+    # retention as for any mid-epoch checkpoint: the last two epochs (the newest mid-epoch)
+    assert FileCheckpointer(run / "checkpoint", DefaultRecorder()).epochs() == [1, 2]
+
+    resumed = run_script(SCRIPT, str(run), *options, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Resumed from the checkpoint of epoch 2, iteration 14." in (
+        (run / "experiment.log").read_text()
+    )
+    assert_same_weights(straight, run)
+
+
+@pytest.mark.slow
+def test_max_time_stops_with_a_checkpoint_and_exit_75_and_the_next_start_goes_on(
+    tmp_path, straight
+):
+    run = tmp_path / "job"
+    limited = run_script(
+        SCRIPT, str(run), "--auto", "--max-minutes", "0.02", "--sleep", "0.05", timeout=120
+    )
+    assert limited.returncode == 75, limited.stderr
+    assert "training stopped: time limit reached (max_time 1s)" in limited.stdout
+    assert stop_reasons(run)[-1] == {"reason": "time_limit"}
+    assert "Checkpoint of epoch" in (run / "experiment.log").read_text()
+    assert not (run / "final.mpk").exists()
+
+    again = run_script(SCRIPT, str(run), "--auto", timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "Resumed from the checkpoint of epoch" in (run / "experiment.log").read_text()
+    assert_same_weights(straight, run)
+
+
+@pytest.mark.slow
+def test_two_processes_checkpoint_by_time_and_stop_at_the_time_limit_together(tmp_path):
+    """Rank 0's clock decides (broadcast): both processes checkpoint at the same steps and
+    stop at the same step with exit code 75; resumed, they end like a run never stopped."""
+    straight = run_script(DDP_SCRIPT, str(tmp_path / "straight"), timeout=240)
+    assert straight.returncode == 0, straight.stderr
+    run = tmp_path / "job"
+    limits = ("--every-minutes", "0.0001", "--max-minutes", "0.02", "--slow", "0.2")
+    limited = run_script(DDP_SCRIPT, str(run), *limits, timeout=240)
+    assert limited.returncode == 75, limited.stderr
+    log = (run / "experiment.log").read_text()
+    assert "Checkpoint of epoch 1, iteration 2 written" in log  # by time, not the stop
+    assert "Training stopped: time limit reached (max_time 1s)" in log
+    resumed = run_script(DDP_SCRIPT, str(run), "--resume", timeout=240)
+    assert resumed.returncode == 0, resumed.stderr
+    a = DefaultRecorder().load(None, tmp_path / "straight" / "final")
+    b = DefaultRecorder().load(None, run / "final")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_checkpoint_every_and_max_time_reject_bad_values_at_build_time(tmp_path):
+    with pytest.raises(ConfigError, match=r"needs steps=N .* or minutes=M"):
+        LearnerBuilder(tmp_path).checkpoint_every()
+    with pytest.raises(ConfigError, match=r"checkpoint_every\(steps=...\) must be an int >= 1"):
+        LearnerBuilder(tmp_path).checkpoint_every(steps=0)
+    with pytest.raises(ConfigError, match=r"must be a positive number, got -1"):
+        LearnerBuilder(tmp_path).checkpoint_every(minutes=-1)
+    with pytest.raises(ConfigError, match=r"max_time\(hours=...\) must be a number >= 0"):
+        LearnerBuilder(tmp_path).max_time(hours=-1)
+    with pytest.raises(ConfigError, match=r"must be a positive number, got 0"):
+        LearnerBuilder(tmp_path).max_time()
+    builder = LearnerBuilder(tmp_path).checkpoint_every(steps=10)
+    with pytest.raises(ConfigError, match=r"no checkpointer is set: add with_file_checkpointer"):
+        builder.build(Classifier(), AdamConfig().init(), 1e-2)

@@ -2,7 +2,8 @@
 
 Usage: python train_blobs.py DIR [--epochs N] [--resume] [--workers N] [--accumulation N]
        [--sleep SECONDS] [--ready FILE] [--valid-every N] [--ema] [--auto]
-       [--preemption SIGNAL] [--requeue] [--requeue-log FILE]
+       [--preemption SIGNAL] [--requeue] [--requeue-log FILE] [--every-steps N]
+       [--max-minutes M]
 Writes the final weights to DIR/final.mpk when training completes; with --ema (an EMA
 callback and the gradient norm metric), the EMA weights to DIR/ema.mpk.
 """
@@ -57,6 +58,8 @@ def main() -> int:
     parser.add_argument("--preemption", default=None)
     parser.add_argument("--requeue", action="store_true")
     parser.add_argument("--requeue-log", default=None)
+    parser.add_argument("--every-steps", type=int, default=None)
+    parser.add_argument("--max-minutes", type=float, default=None)
     args = parser.parse_args()
 
     ember.seed(9)
@@ -99,6 +102,10 @@ def main() -> int:
             )
     if args.auto:
         builder = builder.checkpoint("auto")
+    if args.every_steps is not None:
+        builder = builder.checkpoint_every(steps=args.every_steps)
+    if args.max_minutes is not None:
+        builder = builder.max_time(minutes=args.max_minutes)
     if args.preemption is not None:
         builder = builder.preemption(args.preemption, requeue=args.requeue)
     if args.requeue_log is not None:  # instead of scontrol: the job id is written down

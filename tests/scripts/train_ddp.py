@@ -114,6 +114,8 @@ def main() -> None:
     parser.add_argument("--valid-every", type=int, default=None)
     parser.add_argument("--limit-train", type=int, default=None)
     parser.add_argument("--recompute", action="store_true")
+    parser.add_argument("--every-minutes", type=float, default=None)
+    parser.add_argument("--max-minutes", type=float, default=None)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -139,6 +141,10 @@ def main() -> None:
         builder = builder.limit_batches(train=args.limit_train)
     if args.recompute:
         builder = builder.activation_checkpointing(nn.Linear)
+    if args.every_minutes is not None:
+        builder = builder.checkpoint_every(minutes=args.every_minutes)
+    if args.max_minutes is not None:
+        builder = builder.max_time(minutes=args.max_minutes)
     learner = (
         builder.metric_train_numeric(AccuracyMetric())
         .metric_train_numeric(LossMetric())

@@ -86,6 +86,8 @@ class LearnerBuilder:
         self._hparams: dict[str, Any] | None = None
         self._pruning: PruningStrategy | None = None
         self._preemption: Any = None
+        self._every: tuple[int | None, float | None] = (None, None)  # steps, seconds
+        self._max_time: float | None = None
         self._valid_every: int | None = None
         self._limits: dict[str, int | float | None] = {"train": None, "valid": None}
         self._model_summary: int | None = 1
@@ -408,6 +410,49 @@ class LearnerBuilder:
         self._preemption = Preemption.parse(signal, requeue)
         return self
 
+    def checkpoint_every(
+        self, *, steps: int | None = None, minutes: float | None = None
+    ) -> LearnerBuilder:
+        """Also checkpoint inside an epoch, once `steps` optimizer steps or `minutes` of
+        wall time passed since the last checkpoint (whichever comes first; an epoch end
+        checkpoints too). These are the mid-epoch checkpoints a stop writes: the same
+        retention keeps them (each one replaces the epoch's previous), and
+        `checkpoint("latest" | "auto")` resumes from them exactly. Each waits for its
+        write. Under several processes rank 0's clock decides for all."""
+        from ember.train.cadence import positive_number
+
+        if steps is None and minutes is None:
+            raise ConfigError(
+                "checkpoint_every() needs steps=N (optimizer steps) or minutes=M (wall time), "
+                "e.g. checkpoint_every(minutes=30)."
+            )
+        count = None if steps is None else _positive_int(steps, "checkpoint_every(steps=...)")
+        seconds = (
+            None
+            if minutes is None
+            else 60 * positive_number(minutes, "checkpoint_every(minutes=...)")
+        )
+        self._every = (count, seconds)
+        return self
+
+    def max_time(self, *, hours: float = 0, minutes: float = 0) -> LearnerBuilder:
+        """Stop at the first step boundary once `hours` + `minutes` of wall time passed
+        since `fit` began, with a checkpoint (mid-epoch, or the epoch end's). The outcome
+        is "stopped: time limit reached (max_time ...)" (`StopReason.TIME_LIMIT`) and
+        `exit_code` 75 (EX_TEMPFAIL: run the same command again, with
+        `checkpoint("auto")`, to go on). With `preemption(requeue=True)` under SLURM the
+        job is requeued. Under several processes rank 0's clock decides for all."""
+        from ember.train.cadence import positive_number
+
+        for value, what in ((hours, "hours"), (minutes, "minutes")):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"max_time({what}=...) must be a number >= 0, got {value!r}.")
+        total = positive_number(
+            3600 * hours + 60 * minutes, "max_time(hours=..., minutes=...) in seconds"
+        )
+        self._max_time = total
+        return self
+
     def interrupter(self) -> Interrupter:
         """The handle that stops this run gracefully (`stop(message)`)."""
         return self._interrupter
@@ -473,6 +518,11 @@ class LearnerBuilder:
                 Artifacts(self._artifact_dir).checkpoints, self._recorder
             )
         self._check_resume(checkpointer)
+        if checkpointer is None and self._every != (None, None):
+            raise ConfigError(
+                "checkpoint_every() writes checkpoints, but no checkpointer is set: add "
+                "with_file_checkpointer(recorder)."
+            )
         sharded = self._fsdp is not None and self._fsdp.sharded_checkpoints
         if sharded and checkpointer is not None and not isinstance(checkpointer, FileCheckpointer):
             raise ConfigError(
@@ -511,6 +561,7 @@ class LearnerBuilder:
             hparams=self._hparams,
             pruning=self._pruning,
             preemption=self._preemption,
+            cadence=self._make_cadence(),
             valid_every=self._valid_every,
             limit_batches=(self._limits["train"], self._limits["valid"]),
         )
@@ -551,6 +602,14 @@ class LearnerBuilder:
         if any(entry.name == "Loss" for entry in self._metrics["valid"]):
             return ("valid", "Loss")
         return ("train", "Loss")
+
+    def _make_cadence(self) -> Any:
+        """This run's mid-epoch checkpoints and time limit (a `Cadence`), or None."""
+        if self._every == (None, None) and self._max_time is None:
+            return None
+        from ember.train.cadence import Cadence
+
+        return Cadence(*self._every, limit=self._max_time)
 
     def _retention(self) -> CheckpointingStrategy:
         if self._strategy is not None:

@@ -235,6 +235,8 @@ class Learner:
         reason: Outcome | str = "failed"
         try:
             with signal_handlers(self.interrupter, self.options.preemption):
+                if self.options.cadence is not None:
+                    self.options.cadence.start()  # max_time counts from here
                 processor = self._start(run, valid)
                 self._hook("on_fit_start", run.resume.position.epoch)
                 reason = self._epochs(processor, run.train, run.valid, run.resume)
@@ -243,8 +245,9 @@ class Learner:
             self.outcome = reason
             log.info("Training %s after epoch %d.", reason, self.epoch)
             if self.options.preemption is not None:  # requeue a preempted SLURM job
-                preempted = isinstance(reason, Outcome) and reason.reason is StopReason.PREEMPTED
-                self.options.preemption.after(preempted, run.main)
+                again = (StopReason.PREEMPTED, StopReason.TIME_LIMIT)
+                unfinished = isinstance(reason, Outcome) and reason.reason in again
+                self.options.preemption.after(unfinished, run.main)
             if restore_best:
                 self.checkpoints.restore_best(self.model, self.dist)
             if self.dist is not None and self.dist.sharding is not None:
@@ -390,9 +393,7 @@ class Learner:
             plan = train.epoch(epoch, resume.position)
             values = self._train_epoch(processor, plan, resume, valid)
             if values is None:  # stopped mid-epoch
-                position = Position(epoch, self.iteration, self.items, False)
-                lines, states = processor.line_counts(), processor.epoch_states()
-                self.checkpoints.save(position, self.model, self.optim, self.dist, lines, states)
+                self._save_mid_epoch(processor, epoch)
                 return self._early_stop or self._stop_reason()
             epoch_values = {"train": values}
             if valid is not None:
@@ -429,6 +430,13 @@ class Learner:
                 ):
                     stop = True  # early stopping, counting validation points
                     break
+                cadence = self.options.cadence  # checkpoint_every, max_time
+                last = self.iteration == plan.total
+                if cadence and cadence.after_step(
+                    epoch, step.may_vote, last, dist, self.interrupter
+                ):
+                    processor.flush(dist)
+                    self._save_mid_epoch(processor, epoch)
                 stop = self._stop_requested(step)
                 if stop:
                     break
@@ -444,6 +452,12 @@ class Learner:
             processor.flush(dist)  # the logs hold every finished iteration
             return None
         return self._end_split(processor, "train", epoch)
+
+    def _save_mid_epoch(self, processor: MetricsProcessor, epoch: int) -> None:
+        """Checkpoint inside `epoch`, with the metric log lines and epoch states so far."""
+        position = Position(epoch, self.iteration, self.items, False)
+        lines, states = processor.line_counts(), processor.epoch_states()
+        self.checkpoints.save(position, self.model, self.optim, self.dist, lines, states)
 
     def _run_step(
         self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
@@ -643,6 +657,8 @@ class Learner:
 
     def _stop_reason(self) -> Outcome:
         message = self.interrupter.message or "stop requested on another rank"
+        if self.options.cadence is not None and self.options.cadence.expired:
+            return Outcome.time_limit(self.options.cadence.limit_text)
         preemption, signum = self.options.preemption, self.interrupter.signal
         if preemption is not None and signum is not None and signum == preemption.signal:
             return Outcome.preempted(signum, preemption.name)

@@ -59,6 +59,8 @@ class LearnerOptions:
     """The run's hyperparameters (`LearnerBuilder.hparams`), JSON-ready; None if not given."""
     pruning: PruningStrategy | None = None
     preemption: Any = None
+    cadence: Any = None
+    """Mid-epoch checkpoints and the time limit (`checkpoint_every`, `max_time`), or None."""
     """The preemption signal and requeue (`LearnerBuilder.preemption`), or None."""
     """What may prune the run at an epoch end (`LearnerBuilder.pruning`), or None."""
     fsdp: FsdpOptions | None = None

@@ -30,6 +30,8 @@ class StopReason(str, enum.Enum):
     PREEMPTED = "preempted"
     """The preemption signal (`LearnerBuilder.preemption`) stopped it with a checkpoint:
     requeue the job; it resumes with `checkpoint("auto")`."""
+    TIME_LIMIT = "time_limit"
+    """`LearnerBuilder.max_time` stopped it with a checkpoint: run it again to go on."""
     INTERRUPTED = "interrupted"
     """A second Ctrl-C: `fit` raised `KeyboardInterrupt`."""
     NONFINITE_LOSS = "nonfinite_loss"
@@ -134,6 +136,10 @@ class Outcome(str):
         return cls(f"preempted: {name}", StopReason.PREEMPTED, signal=int(signal))
 
     @classmethod
+    def time_limit(cls, message: str) -> Outcome:
+        return cls(f"stopped: {message}", StopReason.TIME_LIMIT)
+
+    @classmethod
     def failed(cls, error: BaseException, non_finite_loss: bool = False) -> Outcome:
         """How a run that raised `error` ended (`non_finite_loss`: the error is the
         loss guard's `NonFiniteLoss`)."""
@@ -148,9 +154,12 @@ class Outcome(str):
     def exit_code(self) -> int:
         """0 for a run that completed, stopped early, was pruned or stopped on request; 128 +
         the signal number after a signal or a preemption (143 for SIGTERM, 138 for
-        SIGUSR1: "preempted, requeue me"); 130 after a second Ctrl-C; 1 for a failure."""
+        SIGUSR1: "preempted, requeue me"); 75 (EX_TEMPFAIL: "run me again") after the time
+        limit; 130 after a second Ctrl-C; 1 for a failure."""
         if self.reason is StopReason.INTERRUPTED:
             return 130
+        if self.reason is StopReason.TIME_LIMIT:
+            return 75
         preempted = (StopReason.SIGNAL, StopReason.PREEMPTED)
         if self.reason in preempted and self.signal is not None:
             return 128 + self.signal

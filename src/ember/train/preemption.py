@@ -5,7 +5,8 @@ a scheduler sends before it takes the machine back) stop the run at the next ste
 boundary with a checkpoint; the run ends `preempted` and exits with 128 + the signal
 number (143 for SIGTERM, 138 for SIGUSR1). With `requeue=True` under SLURM
 (`SLURM_JOB_ID` set), rank 0 then asks SLURM to queue the job again
-(`scontrol requeue $SLURM_JOB_ID`); the new job resumes with `checkpoint("auto")`.
+(`scontrol requeue $SLURM_JOB_ID`); the new job resumes with `checkpoint("auto")`. A
+run stopped by its time limit (`LearnerBuilder.max_time`) is requeued alike.
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ class Preemption:
     def name(self) -> str:
         return signals.Signals(self.signal).name
 
-    def after(self, preempted: bool, main: bool) -> None:
-        """The run ended: a preempted one under SLURM is requeued (rank 0 asks)."""
-        if not (preempted and self.requeue and main):
+    def after(self, unfinished: bool, main: bool) -> None:
+        """The run ended: one preempted or stopped by its time limit (`unfinished`) is
+        requeued under SLURM (rank 0 asks)."""
+        if not (unfinished and self.requeue and main):
             return
         job = os.environ.get("SLURM_JOB_ID")
         if not job:

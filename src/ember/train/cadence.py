@@ -1,0 +1,101 @@
+"""Mid-epoch checkpoints by steps or time, and a wall-time limit.
+
+`LearnerBuilder.checkpoint_every(steps=N | minutes=M)` writes a checkpoint inside an
+epoch once N optimizer steps or M minutes passed since the last checkpoint (an epoch
+end's included): the same mid-epoch checkpoint a stop writes, under the same retention,
+that `checkpoint("latest" | "auto")` resumes exactly. `LearnerBuilder.max_time(...)`
+stops the run at the first step boundary past its wall time, with a checkpoint; the
+outcome is "stopped: time limit ..." (`StopReason.TIME_LIMIT`) and the exit code 75.
+Under several processes rank 0's clock decides and the decision is broadcast, at a
+step every process has (as the stop vote).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+from ember.errors import ConfigError
+
+
+def duration_text(seconds: float) -> str:
+    """`seconds` as "2h 30m", "45m" or "30s"."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    parts = [f"{hours}h"] if hours else []
+    if minutes:
+        parts.append(f"{minutes}m")
+    if secs or not parts:
+        parts.append(f"{secs}s")
+    return " ".join(parts)
+
+
+def positive_number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{what} must be a positive number, got {value!r}.")
+    if not math.isfinite(value):
+        raise ConfigError(f"{what} must be finite, got {value!r}.")
+    return float(value)
+
+
+class Cadence:
+    """When to checkpoint inside an epoch (`steps`, `seconds` since the last checkpoint)
+    and when to stop (`limit`: seconds since `start`). None: never."""
+
+    def __init__(
+        self,
+        steps: int | None = None,
+        seconds: float | None = None,
+        limit: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.steps, self.seconds, self.limit = steps, seconds, limit
+        self.clock = clock
+        self.expired = False
+        """True once the time limit was reached (on every process alike)."""
+        self._started = self._saved_at = clock()
+        self._count = 0
+        self._epoch: int | None = None
+
+    @property
+    def limit_text(self) -> str:
+        assert self.limit is not None
+        return f"time limit reached (max_time {duration_text(self.limit)})"
+
+    def start(self) -> None:
+        """`fit` begins: the wall time counts from now."""
+        self._started = self._saved_at = self.clock()
+        self._count, self._epoch, self.expired = 0, None, False
+
+    def after_step(
+        self, epoch: int, may_vote: bool, last: bool, dist: Any, interrupter: Any
+    ) -> bool:
+        """A step of `epoch` is done (`last`: the epoch's last, whose end checkpoints
+        anyway); True when a mid-epoch checkpoint is due now. Past the time limit, the
+        interrupter is asked to stop (on every process at the same step)."""
+        if epoch != self._epoch:  # a new epoch follows the previous one's checkpoint
+            self._epoch, self._count, self._saved_at = epoch, 0, self.clock()
+        self._count += 1
+        if dist is not None and not may_vote:
+            return False
+        timed = self.seconds is not None or self.limit is not None
+        if dist is None or not timed:
+            save, expired = self._decide(last)
+        else:  # rank 0's clock decides for everyone
+            save, expired = dist.broadcast(self._decide(last) if dist.main else None)
+        if expired:
+            self.expired = True
+            interrupter.stop(self.limit_text)
+            return False
+        if save:
+            self._count, self._saved_at = 0, self.clock()
+        return save
+
+    def _decide(self, last: bool) -> tuple[bool, bool]:
+        now = self.clock()
+        expired = self.limit is not None and now - self._started >= self.limit
+        due = (self.steps is not None and self._count >= self.steps) or (
+            self.seconds is not None and now - self._saved_at >= self.seconds
+        )
+        return (due and not last, expired)
