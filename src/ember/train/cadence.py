@@ -79,10 +79,9 @@ class Cadence:
         self._count += 1
         if dist is not None and not may_vote:
             return False
-        timed = self.seconds is not None or self.limit is not None
-        if dist is None or not timed:
+        if dist is None:
             save, expired = self._decide(last)
-        else:  # rank 0's clock decides for everyone
+        else:  # rank 0 decides for everyone (its clock; its `last`, as uneven shards differ)
             save, expired = dist.broadcast(self._decide(last) if dist.main else None)
         if expired:
             self.expired = True
