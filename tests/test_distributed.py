@@ -74,6 +74,42 @@ def test_resume_with_a_different_number_of_processes(tmp_path):
         torch.testing.assert_close(final(tmp_path / "resumed")[name], value, rtol=1e-5, atol=1e-6)
 
 
+def test_a_nan_on_one_rank_skips_the_step_on_every_rank(tmp_path):
+    common = ("--skip-nonfinite", "--nan-step", "3", "--epochs", "1")
+    # The reference: one process at batch 32 whose third step has the NaN (and is skipped).
+    one = run(tmp_path / "one", "--processes", "1", "--batch", "32", "--nan-rank", "0", *common)
+    # Two processes at batch 16: only rank 1 sees the NaN in its third step.
+    two = run(
+        tmp_path / "two",
+        "--processes",
+        "2",
+        "--batch",
+        "16",
+        "--nan-rank",
+        "1",
+        "--save-every-rank",
+        *common,
+    )
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    ranks = [DefaultRecorder().load(None, tmp_path / "two" / f"rank-{r}") for r in (0, 1)]
+    for name, value in final(tmp_path / "one").items():
+        assert torch.isfinite(ranks[0][name]).all()
+        torch.testing.assert_close(ranks[1][name], ranks[0][name], rtol=0, atol=0)
+        torch.testing.assert_close(ranks[0][name], value, rtol=1e-5, atol=1e-6)
+    log = (tmp_path / "two" / "experiment.log").read_text()
+    # rank 0 writes the log: its own loss was finite, rank 1's was not
+    assert (
+        "Skipped the optimizer step at epoch 1, iteration 3: non-finite loss on another process"
+        in log
+    )
+    assert "Skipped 1 optimizer step with a non-finite loss" in log
+    assert (
+        "Skipped 1 optimizer step with a non-finite loss"
+        in (tmp_path / "one" / "experiment.log").read_text()
+    )
+
+
 @pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
 def test_two_torchrun_nodes_write_one_artifact_directory(tmp_path, strategy):
     import socket

@@ -133,6 +133,8 @@ class Learner:
         self.epoch = 0
         self.iteration = 0
         self.items = 0
+        self.skipped_steps = 0
+        """Optimizer steps skipped for a non-finite loss in this run (`nonfinite_loss("skip")`)."""
         self._fitted = False
         self._run_lock: RunLock | None = None
         self.steps_per_epoch: int | None = None
@@ -242,6 +244,13 @@ class Learner:
                 self.checkpoints.finish()  # the last checkpoint is on disk, or the run failed
             self.outcome = reason
             log.info("Training %s after epoch %d.", reason, self.epoch)
+            skipped = self.skipped_steps + (self._manual.skipped if self._manual else 0)
+            if skipped:
+                log.info(
+                    "Skipped %d optimizer step%s with a non-finite loss (nonfinite_loss('skip')).",
+                    skipped,
+                    "" if skipped == 1 else "s",
+                )
             if restore_best:
                 self.checkpoints.restore_best(self.model, self.dist)
             if self.dist is not None and self.dist.sharding is not None:
@@ -505,13 +514,22 @@ class Learner:
             guard.covered = processor.watch_loss(output.item, output.loss, guard.nonfinite)
 
     def _step_optimizer(self, finite: bool, epoch: int) -> None:
+        """Step, or skip the step of a group with a non-finite loss. Under "skip" with
+        several processes they agree first (one all-reduce of a flag): a NaN on any rank
+        skips the step on every rank, so the replicas stay equal."""
+        elsewhere = False
+        if self.dist is not None and self.guard.policy == "skip":
+            agreed = not self.dist.any(not finite)
+            elsewhere, finite = finite and not agreed, agreed
         if finite:
             self.optim.step()
             return
         self.optim.skip()
+        self.skipped_steps += 1
+        where = " on another process" if elsewhere else ""
         message = (
             f"Skipped the optimizer step at epoch {epoch}, iteration {self.iteration}: "
-            "non-finite loss (nonfinite_loss('skip'))."
+            f"non-finite loss{where} (nonfinite_loss('skip'))."
         )
         log.warning("%s", message)
         print(f"ember: {message}", file=sys.stderr)
