@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -72,6 +73,23 @@ def test_resume_with_a_different_number_of_processes(tmp_path):
     assert second.returncode == 0, second.stderr
     for name, value in final(tmp_path / "straight").items():
         torch.testing.assert_close(final(tmp_path / "resumed")[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_token_means_on_two_processes_with_accumulation_match_one_batch(tmp_path):
+    # Losses are means over a varying number of tokens per batch: the gradient of the
+    # token mean needs each batch weighted by its tokens over every process's total.
+    one = run(tmp_path / "one", "--processes", "1", "--batch", "32", "--token-mean")
+    two = run(
+        tmp_path / "two", "--processes", "2", "--batch", "8", "--accumulate", "2", "--token-mean"
+    )
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    for name, value in final(tmp_path / "one").items():
+        torch.testing.assert_close(final(tmp_path / "two")[name], value, rtol=0, atol=1e-6)
+    a, b = epoch_values(tmp_path / "one"), epoch_values(tmp_path / "two")
+    for key in (("train", "Loss"), ("valid", "Loss")):  # token-weighted on both sides
+        for x, y in zip(a[key], b[key]):
+            assert math.isclose(x, y, rel_tol=1e-5), key
 
 
 def test_a_nan_on_one_rank_skips_the_step_on_every_rank(tmp_path):

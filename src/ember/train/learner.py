@@ -39,7 +39,7 @@ from ember.train.manual import ManualOptimization, StepContext
 from ember.train.model_summary import summarize_model
 from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome
-from ember.train.output import summed_loss_hint
+from ember.train.output import loss_weight, summed_loss_hint
 from ember.train.parallel import evaluation, join, no_sync, parallelize
 from ember.train.position import Position
 from ember.train.preflight import check_not_empty, check_validation
@@ -134,6 +134,8 @@ class Learner:
         self.iteration = 0
         self.items = 0
         self.skipped_steps = 0
+        self._token_mean = False
+        """The steps' losses are means over tokens: each batch's gradient is weighted by them."""
         """Optimizer steps skipped for a non-finite loss in this run (`nonfinite_loss("skip")`)."""
         self._fitted = False
         self._run_lock: RunLock | None = None
@@ -463,6 +465,7 @@ class Learner:
         hooks = self.callbacks
         lr = optim.begin_group()
         last, finite = len(step.batches) - 1, True
+        tokens: Any = 0  # the group's tokens, when its losses are means over tokens
         for index, batch in enumerate(step.batches):
             iteration = step.first + index
             self.iteration = iteration
@@ -488,7 +491,13 @@ class Learner:
                     finite = ok and finite
                     if hooks is not None:
                         hooks.ctx.output = output
-                    optim.backward(output.loss, step.shares[index])
+                    share: Any = step.shares[index]
+                    if self._token_mean:
+                        share = token_weight(output.item, iteration)
+                        tokens = tokens + share
+                    optim.backward(output.loss, share)
+            if index == last and self._token_mean:
+                optim.rescale(tokens, self.dist)  # by the group's tokens on every process
             if index == last and finite:
                 optim.prepare()
             if ok:  # a skipped non-finite batch stays out of the epoch's metrics
@@ -506,6 +515,13 @@ class Learner:
         """The first training output of the run: its type, its loss, what metrics read."""
         check_train_output(self.model, output, manual)
         processor.check("train", output.item, epoch)
+        self._token_mean = loss_weight(output.item) is not None
+        if self._token_mean and manual:
+            raise TrainingError(
+                "loss_reduction='token_mean' weights each accumulated batch by its tokens "
+                "when ember runs backward; under custom optimization (ctx.backward) scale "
+                "the losses yourself, or report a per-sample mean."
+            )
         hint = summed_loss_hint(output.item)
         if hint is not None:
             log.warning("%s", hint)
@@ -830,3 +846,15 @@ class Learner:
         """The model's outputs over `loader`, on the CPU, concatenated along the first
         dimension, as `Evaluator.predict` returns them."""
         return self._evaluator().predict(loader)
+
+
+def token_weight(item: Any, iteration: int) -> int | torch.Tensor:
+    """The tokens of a batch of a run whose losses are means over tokens."""
+    weight = loss_weight(item)
+    if weight is None:
+        raise TrainingError(
+            f"The training output of iteration {iteration} has no loss_reduction='token_mean' "
+            "while the run's first had it: give every batch's output "
+            "loss_reduction='token_mean' and tokens=."
+        )
+    return weight
