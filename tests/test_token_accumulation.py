@@ -131,3 +131,23 @@ def test_token_mean_without_tokens_is_refused(tmp_path):
         ember.TrainingError, match=r"loss_reduction='token_mean' but gives no tokens"
     ):
         learner.fit(loader)
+
+
+def test_token_means_with_a_step_that_runs_backward_under_accumulation_are_refused(tmp_path):
+    class OwnBackward(TokenModel):
+        def train_step(self, batch, ctx):
+            output = self.predict(batch)
+            ctx.backward(output.loss)
+            ctx.step("sgd")
+            return TrainOutput(output)
+
+    model = OwnBackward()
+    loader = DataLoaderBuilder(PadBatcher()).batch_size(4).build(sequences(8, 1))
+    learner = (
+        LearnerBuilder(tmp_path)
+        .grads_accumulation(2)
+        .renderer(SilentRenderer())
+        .build(model, {"sgd": SgdConfig().init()}, 0.5)
+    )
+    with pytest.raises(ember.TrainingError, match=r"cannot be weighted by them"):
+        learner.fit(loader)

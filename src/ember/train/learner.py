@@ -516,11 +516,12 @@ class Learner:
         check_train_output(self.model, output, manual)
         processor.check("train", output.item, epoch)
         self._token_mean = loss_weight(output.item) is not None
-        if self._token_mean and manual:
+        if self._token_mean and manual and self.options.grads_accumulation > 1:
             raise TrainingError(
                 "loss_reduction='token_mean' weights each accumulated batch by its tokens "
-                "when ember runs backward; under custom optimization (ctx.backward) scale "
-                "the losses yourself, or report a per-sample mean."
+                "when ember runs backward; a step that runs its own (ctx.backward) under "
+                "grads_accumulation cannot be weighted by them. Accumulate without "
+                "'token_mean' (each batch weighs its samples), or do not accumulate."
             )
         hint = summed_loss_hint(output.item)
         if hint is not None:
