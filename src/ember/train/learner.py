@@ -134,9 +134,9 @@ class Learner:
         self.iteration = 0
         self.items = 0
         self.skipped_steps = 0
+        """Optimizer steps skipped for a non-finite loss in this run (`nonfinite_loss("skip")`)."""
         self._token_mean = False
         """The steps' losses are means over tokens: each batch's gradient is weighted by them."""
-        """Optimizer steps skipped for a non-finite loss in this run (`nonfinite_loss("skip")`)."""
         self._fitted = False
         self._run_lock: RunLock | None = None
         self.steps_per_epoch: int | None = None
