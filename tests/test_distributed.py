@@ -75,13 +75,20 @@ def test_resume_with_a_different_number_of_processes(tmp_path):
         torch.testing.assert_close(final(tmp_path / "resumed")[name], value, rtol=1e-5, atol=1e-6)
 
 
-def test_token_means_on_two_processes_with_accumulation_match_one_batch(tmp_path):
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        ("--batch", "8", "--accumulate", "2"),
+        pytest.param(("--batch", "16", "--strategy", "fsdp", "--mlp"), marks=pytest.mark.slow),
+    ],
+    ids=["ddp-accumulated", "fsdp"],
+)
+def test_token_means_on_two_processes_match_one_batch(tmp_path, strategy):
     # Losses are means over a varying number of tokens per batch: the gradient of the
     # token mean needs each batch weighted by its tokens over every process's total.
-    one = run(tmp_path / "one", "--processes", "1", "--batch", "32", "--token-mean")
-    two = run(
-        tmp_path / "two", "--processes", "2", "--batch", "8", "--accumulate", "2", "--token-mean"
-    )
+    mlp = ("--mlp",) if "--mlp" in strategy else ()
+    one = run(tmp_path / "one", "--processes", "1", "--batch", "32", "--token-mean", *mlp)
+    two = run(tmp_path / "two", "--processes", "2", "--token-mean", *strategy)
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     for name, value in final(tmp_path / "one").items():
