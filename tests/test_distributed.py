@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -72,6 +73,66 @@ def test_resume_with_a_different_number_of_processes(tmp_path):
     assert second.returncode == 0, second.stderr
     for name, value in final(tmp_path / "straight").items():
         torch.testing.assert_close(final(tmp_path / "resumed")[name], value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        ("--batch", "8", "--accumulate", "2"),
+        pytest.param(("--batch", "16", "--strategy", "fsdp", "--mlp"), marks=pytest.mark.slow),
+    ],
+    ids=["ddp-accumulated", "fsdp"],
+)
+def test_token_means_on_two_processes_match_one_batch(tmp_path, strategy):
+    # Losses are means over a varying number of tokens per batch: the gradient of the
+    # token mean needs each batch weighted by its tokens over every process's total.
+    mlp = ("--mlp",) if "--mlp" in strategy else ()
+    one = run(tmp_path / "one", "--processes", "1", "--batch", "32", "--token-mean", *mlp)
+    two = run(tmp_path / "two", "--processes", "2", "--token-mean", *strategy)
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    for name, value in final(tmp_path / "one").items():
+        torch.testing.assert_close(final(tmp_path / "two")[name], value, rtol=0, atol=1e-6)
+    a, b = epoch_values(tmp_path / "one"), epoch_values(tmp_path / "two")
+    for key in (("train", "Loss"), ("valid", "Loss")):  # token-weighted on both sides
+        for x, y in zip(a[key], b[key]):
+            assert math.isclose(x, y, rel_tol=1e-5), key
+
+
+def test_a_nan_on_one_rank_skips_the_step_on_every_rank(tmp_path):
+    common = ("--skip-nonfinite", "--nan-step", "3", "--epochs", "1")
+    # The reference: one process at batch 32 whose third step has the NaN (and is skipped).
+    one = run(tmp_path / "one", "--processes", "1", "--batch", "32", "--nan-rank", "0", *common)
+    # Two processes at batch 16: only rank 1 sees the NaN in its third step.
+    two = run(
+        tmp_path / "two",
+        "--processes",
+        "2",
+        "--batch",
+        "16",
+        "--nan-rank",
+        "1",
+        "--save-every-rank",
+        *common,
+    )
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    ranks = [DefaultRecorder().load(None, tmp_path / "two" / f"rank-{r}") for r in (0, 1)]
+    for name, value in final(tmp_path / "one").items():
+        assert torch.isfinite(ranks[0][name]).all()
+        torch.testing.assert_close(ranks[1][name], ranks[0][name], rtol=0, atol=0)
+        torch.testing.assert_close(ranks[0][name], value, rtol=1e-5, atol=1e-6)
+    log = (tmp_path / "two" / "experiment.log").read_text()
+    # rank 0 writes the log: its own loss was finite, rank 1's was not
+    assert (
+        "Skipped the optimizer step at epoch 1, iteration 3: non-finite loss on another process"
+        in log
+    )
+    assert "Skipped 1 optimizer step with a non-finite loss" in log
+    assert (
+        "Skipped 1 optimizer step with a non-finite loss"
+        in (tmp_path / "one" / "experiment.log").read_text()
+    )
 
 
 @pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])

@@ -4,7 +4,8 @@ Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-
     [--hang-rank R] [--slow SECONDS] [--events FILE] [--timeout SECONDS] [--resume]
     [--strategy ddp|fsdp] [--sharded-checkpoints] [--mlp] [--adam] [--accumulate K]
     [--clip NORM] [--device cpu|cuda] [--recompute]
-    [--valid-every N] [--limit-train N]
+    [--valid-every N] [--limit-train N] [--nan-rank R --nan-step S] [--skip-nonfinite]
+    [--save-every-rank] [--token-mean]
 Under torchrun, pass --processes 1: torchrun provides the processes.
 
 --strategy fsdp shards the model (each hidden block of --mlp is a unit of its own),
@@ -14,7 +15,10 @@ state is sharded too), --accumulate and --clip set gradient accumulation and cli
 
 --fail-rank raises in the third training step of that rank, --hang-rank sleeps there
 for an hour; --slow sleeps in every step; --recompute turns on activation
-checkpointing of the model's Linear layer. --events appends "<what> <rank> <time>" lines
+checkpointing of the model's Linear layer. --nan-rank makes the loss of that rank's
+--nan-step-th training step NaN; --skip-nonfinite trains with nonfinite_loss("skip");
+--save-every-rank has every process save its own weights (DIR/rank-R); --token-mean
+reports each loss as a mean over tokens (each sample stands for 1 to 5 of them). --events appends "<what> <rank> <time>" lines
 to FILE (each step, the failure, the hang), so a test can time what follows. The
 process exits with `learner.exit_code`.
 """
@@ -72,6 +76,13 @@ class Linear(nn.Module):
 
     def classify(self, batch):
         output = self(batch.inputs)
+        if self.args.token_mean:  # each sample stands for 1 to 5 tokens of the same loss
+            tokens = 1 + (batch.inputs[:, 0].abs() * 10).long() % 5
+            losses = F.cross_entropy(output, batch.targets, reduction="none")
+            loss = (losses * tokens).sum() / tokens.sum()
+            return ClassificationOutput(
+                loss, output, batch.targets, loss_reduction="token_mean", tokens=tokens.sum()
+            )
         return ClassificationOutput(F.cross_entropy(output, batch.targets), output, batch.targets)
 
     def train_step(self, batch):
@@ -86,7 +97,10 @@ class Linear(nn.Module):
             time.sleep(3600)
         if args.slow:
             time.sleep(args.slow)
-        return TrainOutput(self.classify(batch))
+        output = self.classify(batch)
+        if self.steps == args.nan_step and rank == args.nan_rank:
+            output.loss = output.loss * float("nan")
+        return TrainOutput(output)
 
     def valid_step(self, batch):
         return self.classify(batch)
@@ -116,6 +130,11 @@ def main() -> None:
     parser.add_argument("--recompute", action="store_true")
     parser.add_argument("--every-minutes", type=float, default=None)
     parser.add_argument("--max-minutes", type=float, default=None)
+    parser.add_argument("--nan-rank", type=int, default=None)
+    parser.add_argument("--nan-step", type=int, default=None)
+    parser.add_argument("--skip-nonfinite", action="store_true")
+    parser.add_argument("--save-every-rank", action="store_true")
+    parser.add_argument("--token-mean", action="store_true")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -139,6 +158,8 @@ def main() -> None:
         builder = builder.valid_every(args.valid_every)
     if args.limit_train is not None:
         builder = builder.limit_batches(train=args.limit_train)
+    if args.skip_nonfinite:
+        builder = builder.nonfinite_loss("skip")
     if args.recompute:
         builder = builder.activation_checkpointing(nn.Linear)
     if args.every_minutes is not None:
@@ -164,6 +185,11 @@ def main() -> None:
     state = learner.model_state_dict()  # gathered on rank 0 under FSDP
     if int(os.environ.get("RANK", "0")) == 0 and learner.outcome == "completed":
         DefaultRecorder().save(state, Path(args.dir) / "final", kind="module")
+    if args.save_every_rank:  # each replica's own weights, to compare them
+        rank = int(os.environ.get("RANK", "0"))
+        DefaultRecorder().save(
+            learner.model.state_dict(), Path(args.dir) / f"rank-{rank}", kind="module"
+        )
     sys.exit(learner.exit_code)
 
 

@@ -268,6 +268,14 @@ class Distributed:
         self.progress += 1
         return bool(tensor.item())
 
+    def sum(self, value: torch.Tensor) -> torch.Tensor:
+        """The sum over every rank of a float32 scalar `value` (one all-reduce)."""
+        self.progress += 1
+        tensor = value.detach().to(self._flag_device(), torch.float32).reshape(1).clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        self.progress += 1
+        return tensor[0]
+
     def barrier(self) -> None:
         self.progress += 1
         dist.barrier()

@@ -39,7 +39,7 @@ from ember.train.manual import ManualOptimization, StepContext
 from ember.train.model_summary import summarize_model
 from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome, StopReason
-from ember.train.output import summed_loss_hint
+from ember.train.output import loss_weight, summed_loss_hint
 from ember.train.parallel import evaluation, join, no_sync, parallelize
 from ember.train.position import Position
 from ember.train.preflight import check_not_empty, check_validation
@@ -133,6 +133,10 @@ class Learner:
         self.epoch = 0
         self.iteration = 0
         self.items = 0
+        self.skipped_steps = 0
+        """Optimizer steps skipped for a non-finite loss in this run (`nonfinite_loss("skip")`)."""
+        self._token_mean = False
+        """The steps' losses are means over tokens: each batch's gradient is weighted by them."""
         self._fitted = False
         self._run_lock: RunLock | None = None
         self.steps_per_epoch: int | None = None
@@ -248,6 +252,13 @@ class Learner:
                 again = (StopReason.PREEMPTED, StopReason.TIME_LIMIT)
                 unfinished = isinstance(reason, Outcome) and reason.reason in again
                 self.options.preemption.after(unfinished, run.main)
+            skipped = self.skipped_steps + (self._manual.skipped if self._manual else 0)
+            if skipped:
+                log.info(
+                    "Skipped %d optimizer step%s with a non-finite loss (nonfinite_loss('skip')).",
+                    skipped,
+                    "" if skipped == 1 else "s",
+                )
             if restore_best:
                 self.checkpoints.restore_best(self.model, self.dist)
             if self.dist is not None and self.dist.sharding is not None:
@@ -472,6 +483,7 @@ class Learner:
         hooks = self.callbacks
         lr = optim.begin_group()
         last, finite = len(step.batches) - 1, True
+        tokens: Any = 0  # the group's tokens, when its losses are means over tokens
         for index, batch in enumerate(step.batches):
             iteration = step.first + index
             self.iteration = iteration
@@ -497,7 +509,13 @@ class Learner:
                     finite = ok and finite
                     if hooks is not None:
                         hooks.ctx.output = output
-                    optim.backward(output.loss, step.shares[index])
+                    share: Any = step.shares[index]
+                    if self._token_mean:
+                        share = token_weight(output.item, iteration)
+                        tokens = tokens + share
+                    optim.backward(output.loss, share)
+            if index == last and self._token_mean:
+                optim.rescale(tokens, self.dist)  # by the group's tokens on every process
             if index == last and finite:
                 optim.prepare()
             if ok:  # a skipped non-finite batch stays out of the epoch's metrics
@@ -515,6 +533,14 @@ class Learner:
         """The first training output of the run: its type, its loss, what metrics read."""
         check_train_output(self.model, output, manual)
         processor.check("train", output.item, epoch)
+        self._token_mean = loss_weight(output.item) is not None
+        if self._token_mean and manual and self.options.grads_accumulation > 1:
+            raise TrainingError(
+                "loss_reduction='token_mean' weights each accumulated batch by its tokens "
+                "when ember runs backward; a step that runs its own (ctx.backward) under "
+                "grads_accumulation cannot be weighted by them. Accumulate without "
+                "'token_mean' (each batch weighs its samples), or do not accumulate."
+            )
         hint = summed_loss_hint(output.item)
         if hint is not None:
             log.warning("%s", hint)
@@ -523,13 +549,22 @@ class Learner:
             guard.covered = processor.watch_loss(output.item, output.loss, guard.nonfinite)
 
     def _step_optimizer(self, finite: bool, epoch: int) -> None:
+        """Step, or skip the step of a group with a non-finite loss. Under "skip" with
+        several processes they agree first (one all-reduce of a flag): a NaN on any rank
+        skips the step on every rank, so the replicas stay equal."""
+        elsewhere = False
+        if self.dist is not None and self.guard.policy == "skip":
+            agreed = not self.dist.any(not finite)
+            elsewhere, finite = finite and not agreed, agreed
         if finite:
             self.optim.step()
             return
         self.optim.skip()
+        self.skipped_steps += 1
+        where = " on another process" if elsewhere else ""
         message = (
             f"Skipped the optimizer step at epoch {epoch}, iteration {self.iteration}: "
-            "non-finite loss (nonfinite_loss('skip'))."
+            f"non-finite loss{where} (nonfinite_loss('skip'))."
         )
         log.warning("%s", message)
         print(f"ember: {message}", file=sys.stderr)
@@ -835,3 +870,15 @@ class Learner:
         """The model's outputs over `loader`, on the CPU, concatenated along the first
         dimension, as `Evaluator.predict` returns them."""
         return self._evaluator().predict(loader)
+
+
+def token_weight(item: Any, iteration: int) -> int | torch.Tensor:
+    """The tokens of a batch of a run whose losses are means over tokens."""
+    weight = loss_weight(item)
+    if weight is None:
+        raise TrainingError(
+            f"The training output of iteration {iteration} has no loss_reduction='token_mean' "
+            "while the run's first had it: give every batch's output "
+            "loss_reduction='token_mean' and tokens=."
+        )
+    return weight

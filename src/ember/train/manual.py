@@ -206,6 +206,8 @@ class StepContext:
         self.accumulating = False
         self.share = 1.0
         self.ok = True
+        self.skipped = 0
+        """Optimizer steps skipped for a non-finite loss."""
         self._tainted: set[str] = set()
         self._stepped: set[str] = set()
         dtype = optim._dtype
@@ -267,6 +269,7 @@ class StepContext:
         if name in self._tainted:
             self._tainted.discard(name)
             self.optimizers[name].zero_grad(set_to_none=True)
+            self.skipped += 1
             message = (
                 f"Skipped the step of the optimizer {name!r} at epoch {self.epoch}, iteration "
                 f"{self.iteration}: non-finite loss (nonfinite_loss('skip'))."

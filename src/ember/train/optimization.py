@@ -2,7 +2,10 @@
 
 The learner calls `begin_group()`, then `backward(loss, share)` for each batch of the
 group (share = the batch's fraction of the group's samples, so the accumulated
-gradient is the gradient of the group's mean loss), then `step()`.
+gradient is the gradient of the group's mean loss), then `step()`. A loss that is a
+mean over tokens (`loss_reduction="token_mean"`) has its tokens as share instead, and
+`rescale()` divides the group's gradients by their total over every process before
+the step: the gradient of the mean over every token.
 """
 
 from __future__ import annotations
@@ -61,11 +64,14 @@ class Optimization:
         return self.lr.before_step()
 
     def backward(
-        self, loss: torch.Tensor, share: float, inputs: list[torch.Tensor] | None = None
+        self,
+        loss: torch.Tensor,
+        share: float | torch.Tensor,
+        inputs: list[torch.Tensor] | None = None,
     ) -> None:
         """Add the gradient of `loss * share` (scaled under fp16), with the backward
         hooks of the callbacks around it; `inputs`: only into these tensors."""
-        scaled = loss * share if share != 1.0 else loss
+        scaled = loss * share if isinstance(share, torch.Tensor) or share != 1.0 else loss
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
         callbacks = self.callbacks
@@ -85,6 +91,21 @@ class Optimization:
             raise
         if callbacks is not None and callbacks.after_backward:
             callbacks.call("on_after_backward")
+
+    def rescale(self, total: torch.Tensor | float, dist: Any = None) -> None:
+        """Token-weighted accumulation: each batch of the group added the gradient of
+        `loss * weight` (its loss is a mean over `weight` tokens); divide by the group's
+        total weight over every process, so the gradient is that of the mean over all
+        of its tokens. Several processes average their gradients (DDP, FSDP): the
+        factor is the number of processes over the total weight."""
+        weight = torch.as_tensor(total, dtype=torch.float32)
+        world = 1
+        if dist is not None:
+            weight, world = dist.sum(weight), dist.world
+        factor = torch.where(weight > 0, world / weight, torch.zeros_like(weight))
+        for param in self.model.parameters():
+            if param.grad is not None:
+                param.grad.mul_(factor.to(param.grad.device))
 
     def prepare(self) -> None:
         """Before the step, once the gradients are complete: unscale them (fp16) and call

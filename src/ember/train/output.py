@@ -35,7 +35,8 @@ class ClassificationOutput:
     output: torch.Tensor
     targets: torch.Tensor
     loss_reduction: str = "mean"
-    """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+    """How `loss` was reduced over the batch: "mean" (torch's default), "sum", or
+    "token_mean" (a mean over the `tokens` the output gives: see `loss_weight`)."""
     tokens: int | torch.Tensor | None = None
     """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
@@ -59,7 +60,8 @@ class MultiLabelClassificationOutput:
     output: torch.Tensor
     targets: torch.Tensor
     loss_reduction: str = "mean"
-    """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+    """How `loss` was reduced over the batch: "mean" (torch's default), "sum", or
+    "token_mean" (a mean over the `tokens` the output gives: see `loss_weight`)."""
     tokens: int | torch.Tensor | None = None
     """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
@@ -83,7 +85,8 @@ class RegressionOutput:
     output: torch.Tensor
     targets: torch.Tensor
     loss_reduction: str = "mean"
-    """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+    """How `loss` was reduced over the batch: "mean" (torch's default), "sum", or
+    "token_mean" (a mean over the `tokens` the output gives: see `loss_weight`)."""
     tokens: int | torch.Tensor | None = None
     """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
@@ -107,7 +110,8 @@ class SequenceOutput:
     targets: torch.Tensor
     pad_token: int | None = None
     loss_reduction: str = "mean"
-    """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+    """How `loss` was reduced over the batch: "mean" (torch's default), "sum", or
+    "token_mean" (a mean over the `tokens` the output gives: see `loss_weight`)."""
     tokens: int | torch.Tensor | None = None
     """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
@@ -146,7 +150,8 @@ class TextOutput:
     pad_token: int | None = None
     loss: torch.Tensor | None = None
     loss_reduction: str = "mean"
-    """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+    """How `loss` was reduced over the batch: "mean" (torch's default), "sum", or
+    "token_mean" (a mean over the `tokens` the output gives: see `loss_weight`)."""
     tokens: int | torch.Tensor | None = None
     """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
@@ -218,6 +223,23 @@ class ImageOutput:
         if input_type is LossInput and self.loss is not None:
             return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
         return None
+
+
+def loss_weight(item: Any) -> int | torch.Tensor | None:
+    """The number of units a step's loss is the mean over, when its output says so
+    (`loss_reduction="token_mean"`: its `tokens`); None for a per-sample loss. The
+    learner weights each accumulated batch's gradient, and `LossMetric` each batch's
+    loss, by it: the result is that of the mean over every token of the step."""
+    if getattr(item, "loss_reduction", None) != "token_mean":
+        return None
+    tokens = getattr(item, "tokens", None)
+    if tokens is None:
+        raise TrainingError(
+            f"{type(item).__name__} says loss_reduction='token_mean' but gives no tokens: "
+            "pass tokens= (the number of tokens the loss is the mean over, e.g. the "
+            "targets that are not padding: (targets != pad).sum())."
+        )
+    return tokens
 
 
 def summed_loss_hint(output: Any) -> str | None:

@@ -13,7 +13,8 @@ from ember.train.metric.inputs import LossInput
 class LossMetric:
     """The step's loss per sample, weighted by its batch size in the epoch mean (a loss
     the step summed over the batch, `loss_reduction="sum"` on the output, is divided by
-    the batch size).
+    the batch size; a loss that is a mean over tokens, `loss_reduction="token_mean"`
+    with `tokens=`, is weighted by its tokens: the epoch's token mean).
 
     Reads a scalar loss: a tensor of one element, or a number. A loss of several
     elements (from a loss function with `reduction="none"`) raises a `TrainingError`.
@@ -26,12 +27,23 @@ class LossMetric:
 
     def update(self, input: LossInput, meta: MetricMetadata) -> MetricValue:
         loss = input.loss
-        if input.reduction not in ("mean", "sum"):
+        if input.reduction not in ("mean", "sum", "token_mean"):
             raise TrainingError(
-                f"LossMetric reads a loss reduced by 'mean' or 'sum'; got {input.reduction!r}."
+                "LossMetric reads a loss reduced by 'mean', 'sum' or 'token_mean'; got "
+                f"{input.reduction!r}."
             )
+        if input.reduction == "token_mean":  # a mean over tokens, weighted by them
+            if input.tokens is None:
+                raise TrainingError(
+                    "LossMetric got loss_reduction='token_mean' without tokens: pass "
+                    "tokens= (the number of tokens the loss is the mean over) on the output."
+                )
+            return MetricValue(self._scalar(loss), input.tokens)
         # A summed loss is divided by its samples on the host: the per-sample mean.
         divisor = float(max(input.batch_size, 1)) if input.reduction == "sum" else 1.0
+        return MetricValue(self._scalar(loss), input.batch_size, divisor=divisor)
+
+    def _scalar(self, loss: object) -> torch.Tensor | float:
         if isinstance(loss, torch.Tensor):
             if loss.numel() != 1:
                 raise TrainingError(
@@ -40,10 +52,9 @@ class LossMetric:
                     "with its default reduction)."
                 )
             value = loss.detach()
-            value = value.reshape(()) if value.dim() else value
-            return MetricValue(value, input.batch_size, divisor=divisor)
+            return value.reshape(()) if value.dim() else value
         if isinstance(loss, (int, float)) and not isinstance(loss, bool):
-            return MetricValue(float(loss), input.batch_size, divisor=divisor)
+            return float(loss)
         raise TrainingError(
             f"LossMetric reads a scalar loss, a tensor or a number; got a {type(loss).__name__}."
         )
