@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 import torch
 
@@ -61,6 +61,7 @@ class LearnerBuilder:
         self._loggers: dict[str, list[MetricLogger]] = {"train": [], "valid": []}
         self._renderer: Renderer | None = None
         self._grads_accumulation = 1
+        self._micro_auto = False
         self._recorder: Recorder | None = None
         self._checkpointer: Checkpointer | None = None
         self._num_epochs = 1
@@ -191,8 +192,18 @@ class LearnerBuilder:
         return self
 
     # Training ----------------------------------------------------------------
-    def grads_accumulation(self, steps: int) -> LearnerBuilder:
-        """Step the optimizer every `steps` batches (gradients summed as a mean)."""
+    def grads_accumulation(self, steps: int | Literal["auto"]) -> LearnerBuilder:
+        """Step the optimizer every `steps` batches (gradients summed as a mean).
+
+        `"auto"`: one optimizer step per batch, and a step that raises
+        `torch.OutOfMemoryError` is run again with every batch split into twice as
+        many micro-batches (along the first dimension), until it fits; the update is
+        the same, and the split stays for the rest of the run (checkpoints keep it).
+        One process only, automatic optimization only."""
+        self._micro_auto = steps == "auto"
+        if self._micro_auto:
+            self._grads_accumulation = 1
+            return self
         self._grads_accumulation = _positive_int(steps, "grads_accumulation")
         return self
 
@@ -431,6 +442,8 @@ class LearnerBuilder:
                 "Custom optimization (a dict of optimizers) runs on one device: several "
                 "processes are not supported with it. Train on one device."
             )
+        if self._micro_auto:
+            self._check_micro_auto(manual, placement)
         if self._devices is None and placement is None:
             device = _model_device(model)
         else:
@@ -448,6 +461,8 @@ class LearnerBuilder:
         if self._compile is not None:
             model.compile(**self._compile)
         optimization = self._optimization(model, optimizer, lr, device)
+        if self._micro_auto:
+            optimization.micro_split = 1
         checkpointer = self._checkpointer
         if self._recorder is not None:
             checkpointer = FileCheckpointer(
@@ -495,6 +510,22 @@ class LearnerBuilder:
             limit_batches=(self._limits["train"], self._limits["valid"]),
         )
         return Learner(options)
+
+    def _check_micro_auto(self, manual: bool, placement: Any) -> None:
+        """grads_accumulation("auto") splits batches of one process, whose loss ember
+        backpropagates."""
+        if manual:
+            raise ConfigError(
+                "grads_accumulation('auto') splits a batch and backpropagates each part, and "
+                "custom optimization (a dict of optimizers) runs its own backward passes: "
+                "use grads_accumulation(n) with a smaller batch size instead."
+            )
+        if (self._devices is not None and len(self._devices) > 1) or placement:
+            raise ConfigError(
+                "grads_accumulation('auto') runs on one process: several processes would "
+                "each find their own split. Set the split yourself: a smaller batch size "
+                "with grads_accumulation(n)."
+            )
 
     def _optimization(
         self, model: torch.nn.Module, optimizer: Any, lr: Any, device: torch.device

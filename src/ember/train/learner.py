@@ -37,6 +37,7 @@ from ember.train.logger.file import FileMetricLogger
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
 from ember.train.model_summary import summarize_model
+from ember.train.oom import run_split
 from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome
 from ember.train.output import summed_loss_hint
@@ -418,7 +419,7 @@ class Learner:
         self.iteration, self.items, stop = start.iteration, start.items, False
         with join(self._ddp):
             for step in plan:
-                finite = self._run_step(processor, step, epoch, plan.total, start.iteration + 1)
+                finite = self._train_step(processor, step, epoch, plan.total, start.iteration + 1)
                 self._step_optimizer(finite, epoch)
                 if self._point_due(step, plan.total, valid) and self._valid_point(
                     processor, valid, epoch
@@ -441,6 +442,21 @@ class Learner:
             return None
         return self._end_split(processor, "train", epoch)
 
+    def _train_step(
+        self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
+    ) -> bool:
+        """`_run_step`, or under `grads_accumulation("auto")` the step run again in
+        micro-batches after an out-of-memory error (`train/oom.py`)."""
+        if self.optim.micro_split is None:
+            return self._run_step(processor, step, epoch, total, check)
+        iteration, items = self.iteration, self.items
+
+        def attempt(split: Step) -> bool:
+            self.iteration, self.items = iteration, items  # a failed attempt counts nothing
+            return self._run_step(processor, split, epoch, total, check)
+
+        return run_split(self.optim, step, attempt)
+
     def _run_step(
         self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
     ) -> bool:
@@ -454,8 +470,9 @@ class Learner:
         hooks = self.callbacks
         lr = optim.begin_group()
         last, finite = len(step.batches) - 1, True
+        origins = step.origins
         for index, batch in enumerate(step.batches):
-            iteration = step.first + index
+            iteration = step.first + (index if origins is None else origins[index])
             self.iteration = iteration
             self.items += step.items[index]
             if self._move:
