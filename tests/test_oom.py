@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import namedtuple
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +20,7 @@ from ember.optim import AdamConfig
 from ember.record import DefaultRecorder
 from ember.train import ClassificationOutput, LearnerBuilder, TrainOutput
 from ember.train.metric import LossMetric
-from ember.train.oom import split_batch
+from ember.train.oom import largest_allocations, memory_post_mortem, split_batch
 
 
 class Fits(nn.Module):
@@ -182,3 +184,118 @@ def test_the_gradients_of_a_half_done_step_are_dropped_before_it_runs_again(tmp_
     assert auto.raised == 2
     for a, b in zip(auto.parameters(), explicit.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+# Out-of-memory post-mortem ------------------------------------------------------------
+def block(size, state="active_allocated", filename="train.py", line=3, name="forward"):
+    torch_frame = {"filename": "/site-packages/torch/nn/modules/linear.py", "line": 1, "name": "f"}
+    return {
+        "size": size,
+        "state": state,
+        "frames": [torch_frame, {"filename": filename, "line": line, "name": name}],
+    }
+
+
+SNAPSHOT = [  # the shape of torch.cuda.memory_snapshot(): segments holding blocks
+    {"device": 0, "blocks": [block(3 * 2**30, line=10), block(5 * 2**30, state="inactive")]},
+    {
+        "device": 0,
+        "blocks": [
+            block(512 * 2**20, name="attention"),
+            {"size": 100, "state": "active_allocated"},
+        ],
+    },
+]
+
+
+def test_largest_allocations_lists_live_blocks_largest_first_with_their_frame():
+    assert largest_allocations(SNAPSHOT) == [
+        "3.00 GiB at train.py:10 (forward)",
+        "512.00 MiB at train.py:3 (attention)",
+        "100 B (no stack recorded)",
+    ]
+    assert largest_allocations(SNAPSHOT, count=1) == ["3.00 GiB at train.py:10 (forward)"]
+
+
+class Hungry(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(2, 1)
+
+    def train_step(self, batch):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+
+def test_out_of_memory_writes_the_snapshot_and_names_the_largest_allocations(
+    tmp_path, quiet, monkeypatch
+):
+    recorded = []
+    memory = torch.cuda.memory
+    monkeypatch.setattr(memory, "_record_memory_history", lambda **kw: recorded.append(kw))
+    monkeypatch.setattr(memory, "_dump_snapshot", lambda name: Path(name).write_bytes(b"viz"))
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: SNAPSHOT)
+    learner = LearnerBuilder(tmp_path).renderer(quiet).build(Hungry(), AdamConfig().init(), 0.1)
+    # the builder refuses memory_history off CUDA: the option is set as a CUDA run has it
+    learner.options = dataclasses.replace(learner.options, memory_history=1000)
+    with pytest.raises(torch.OutOfMemoryError) as raised:
+        learner.fit([(torch.zeros(4, 2),)])
+    snapshot = tmp_path / "memory-snapshot.pickle"
+    assert snapshot.read_bytes() == b"viz"
+    assert not list(tmp_path.glob("*.partial"))
+    note = "\n".join(raised.value.__notes__)
+    assert "the largest live CUDA allocations:\n  3.00 GiB at train.py:10 (forward)\n" in note
+    assert (
+        f"The allocation history is in {snapshot}: open it at https://pytorch.org/memory_viz"
+        in note
+    )
+    assert recorded == [{"max_entries": 1000}, {"enabled": None}]  # recorded during fit only
+    assert "open it at https://pytorch.org/memory_viz" in (tmp_path / "experiment.log").read_text()
+
+
+def test_a_snapshot_that_cannot_be_written_is_said_and_the_error_kept(tmp_path, monkeypatch):
+    def fails(name):
+        Path(name).write_bytes(b"half")
+        raise RuntimeError("record_context_cpp is not supported")
+
+    monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", fails)
+    error = torch.OutOfMemoryError("CUDA out of memory")
+    memory_post_mortem(error, tmp_path / "memory-snapshot.pickle")
+    assert error.__notes__ == [
+        "ember: the memory snapshot could not be written: record_context_cpp is not supported"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_memory_history_is_refused_off_cuda(tmp_path):
+    with pytest.raises(
+        ConfigError,
+        match=r"memory_history\(\) records CUDA allocations, and this run trains on cpu",
+    ):
+        LearnerBuilder(tmp_path).memory_history().build(Fits(8), AdamConfig().init(), 0.1)
+    with pytest.raises(ConfigError, match="max_entries must be an int >= 1"):
+        LearnerBuilder(tmp_path).memory_history(max_entries=0)
+
+
+@pytest.mark.cuda
+def test_a_real_out_of_memory_on_cuda_leaves_a_snapshot(tmp_path, quiet):
+    class Greedy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(2, 1)
+
+        def train_step(self, batch):
+            self.kept = torch.empty(2**28, device="cuda")  # 1 GiB, alive at the error
+            torch.empty(2**50, device="cuda")  # 4 PiB: out of memory
+            raise AssertionError("not reached")
+
+    learner = (
+        LearnerBuilder(tmp_path)
+        .devices(["cuda:0"])
+        .memory_history(max_entries=10_000)
+        .renderer(quiet)
+        .build(Greedy(), AdamConfig().init(), 0.1)
+    )
+    with pytest.raises(torch.OutOfMemoryError) as raised:
+        learner.fit([(torch.zeros(4, 2),)])
+    assert (tmp_path / "memory-snapshot.pickle").stat().st_size > 0
+    assert "1.00 GiB at " in "\n".join(raised.value.__notes__)

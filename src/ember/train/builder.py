@@ -62,6 +62,7 @@ class LearnerBuilder:
         self._renderer: Renderer | None = None
         self._grads_accumulation = 1
         self._micro_auto = False
+        self._memory_history: int | None = None
         self._recorder: Recorder | None = None
         self._checkpointer: Checkpointer | None = None
         self._num_epochs = 1
@@ -205,6 +206,16 @@ class LearnerBuilder:
             self._grads_accumulation = 1
             return self
         self._grads_accumulation = _positive_int(steps, "grads_accumulation")
+        return self
+
+    def memory_history(self, max_entries: int = 100_000) -> LearnerBuilder:
+        """Out-of-memory post-mortem (CUDA only): record the allocations and their stacks
+        (the last `max_entries` events) from the start of `fit`; when
+        `torch.OutOfMemoryError` ends the run, write PyTorch's snapshot to
+        `memory-snapshot.pickle` in the artifact directory (open it at
+        https://pytorch.org/memory_viz) and name the largest live allocations in the
+        error. Recording slows allocations a little."""
+        self._memory_history = _positive_int(max_entries, "memory_history's max_entries")
         return self
 
     def valid_every(self, steps: int) -> LearnerBuilder:
@@ -448,6 +459,11 @@ class LearnerBuilder:
             device = _model_device(model)
         else:
             device = process_device(self._devices, placement[2] if placement else 0)
+        if self._memory_history is not None and device.type != "cuda":
+            raise ConfigError(
+                f"memory_history() records CUDA allocations, and this run trains on {device}: "
+                "drop memory_history(), or train on a CUDA device (devices(['cuda:0']))."
+            )
         if self._fsdp is not None and self._fsdp.cpu_offload and device.type == "cpu":
             raise ConfigError(
                 "FSDP's cpu_offload=True keeps the shards of a model trained on GPUs in host "
@@ -508,6 +524,7 @@ class LearnerBuilder:
             pruning=self._pruning,
             valid_every=self._valid_every,
             limit_batches=(self._limits["train"], self._limits["valid"]),
+            memory_history=self._memory_history,
         )
         return Learner(options)
 

@@ -37,7 +37,12 @@ from ember.train.logger.file import FileMetricLogger
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
 from ember.train.model_summary import summarize_model
-from ember.train.oom import run_split
+from ember.train.oom import (
+    memory_post_mortem,
+    run_split,
+    start_memory_history,
+    stop_memory_history,
+)
 from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome
 from ember.train.output import summed_loss_hint
@@ -234,6 +239,9 @@ class Learner:
         train every epoch, end; the loggers, the renderer and the log always close."""
         run = self._prepare(train, valid)
         reason: Outcome | str = "failed"
+        recording = self.options.memory_history
+        if recording is not None:
+            start_memory_history(recording)
         try:
             with signal_handlers(self.interrupter):
                 processor = self._start(run, valid)
@@ -250,9 +258,14 @@ class Learner:
             if self.options.summary and run.main:
                 self._print_summary()
         except BaseException as error:
+            if recording is not None and isinstance(error, torch.OutOfMemoryError):
+                rank = self.dist.rank if self.dist is not None else 0
+                memory_post_mortem(error, self.artifacts.memory_snapshot(rank))
             reason = self.outcome = self._failure(error)
             raise
         finally:
+            if recording is not None:
+                stop_memory_history()
             self._close(run.loggers, run.renderer, reason)
             run.app_log.uninstall()
         return self.model
