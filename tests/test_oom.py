@@ -19,7 +19,7 @@ from ember.errors import ConfigError, TrainingError
 from ember.optim import AdamConfig
 from ember.record import DefaultRecorder
 from ember.train import ClassificationOutput, LearnerBuilder, TrainOutput
-from ember.train.metric import LossMetric
+from ember.train.metric import LossMetric, ThroughputMetric
 from ember.train.oom import largest_allocations, memory_post_mortem, split_batch
 
 
@@ -78,6 +78,14 @@ def test_auto_splits_until_it_fits_and_matches_explicit_micro_batches(tmp_path, 
     for (_, a), (_, b) in zip(auto_epochs, explicit_epochs):
         assert a["train"]["Loss"] == pytest.approx(b["train"]["Loss"], abs=1e-6)
     assert learner.iteration == 4  # 100 samples in batches of 32
+
+
+def test_the_flops_are_counted_on_the_first_step_that_fits(tmp_path, quiet):
+    mfu = ThroughputMetric("mfu", peak_flops=1e12)
+    loader = DataLoaderBuilder(BlobBatcher()).batch_size(32).build(BlobDataset(64))
+    builder = LearnerBuilder(tmp_path).metric_train_numeric(mfu).renderer(quiet)
+    builder.grads_accumulation("auto").build(Fits(8), AdamConfig().init(), 1e-2).fit(loader)
+    assert mfu.flops_per_sample == 2 * 8 * 3 * 2  # forward and weight gradient of Linear(8, 3)
 
 
 def test_a_resumed_run_keeps_the_split(tmp_path, quiet):

@@ -462,10 +462,12 @@ class Learner:
         micro-batches after an out-of-memory error (`train/oom.py`)."""
         if self.optim.micro_split is None:
             return self._run_step(processor, step, epoch, total, check)
-        iteration, items = self.iteration, self.items
+        iteration, items, counting = self.iteration, self.items, not self.flops.done
 
         def attempt(split: Step) -> bool:
             self.iteration, self.items = iteration, items  # a failed attempt counts nothing
+            if counting:  # the FLOPs are counted on a batch that fits
+                self.flops.done = False
             return self._run_step(processor, split, epoch, total, check)
 
         return run_split(self.optim, step, attempt)
