@@ -88,6 +88,20 @@ def test_the_flops_are_counted_on_the_first_step_that_fits(tmp_path, quiet):
     assert mfu.flops_per_sample == 2 * 8 * 3 * 2  # forward and weight gradient of Linear(8, 3)
 
 
+def test_a_smoke_test_splits_as_the_run_would_and_puts_the_split_back(tmp_path, quiet):
+    loader = DataLoaderBuilder(BlobBatcher()).batch_size(32).build(BlobDataset(64))
+    model = Fits(8)
+    learner = (
+        LearnerBuilder(tmp_path)
+        .grads_accumulation("auto")
+        .renderer(quiet)
+        .build(model, AdamConfig().init(), 1e-2)
+    )
+    learner.smoke_test(loader, echo=False)
+    assert model.raised == 2
+    assert learner.optim.micro_split == 1
+
+
 def test_a_resumed_run_keeps_the_split(tmp_path, quiet):
     train(tmp_path / "run", quiet, batch=32, accumulation="auto", epochs=1)
     resumed, _ = train(tmp_path / "run", quiet, batch=32, accumulation="auto", resume=True)
@@ -132,6 +146,8 @@ def test_auto_is_refused_with_custom_optimization_or_several_processes(tmp_path)
         LearnerBuilder(tmp_path).grads_accumulation("auto").build(
             Manual(), {"a": torch.optim.SGD(params, lr=0.1)}, 0.1
         )
+    with pytest.raises(ConfigError, match="an int >= 1\\) or 'auto', got 'Auto'"):
+        LearnerBuilder(tmp_path).grads_accumulation("Auto")
     with pytest.raises(ConfigError, match="runs on one process"):
         LearnerBuilder(tmp_path).grads_accumulation("auto").devices(["cpu", "cpu"]).build(
             Fits(8), AdamConfig().init(), 1e-2

@@ -201,6 +201,11 @@ class LearnerBuilder:
         many micro-batches (along the first dimension), until it fits; the update is
         the same, and the split stays for the rest of the run (checkpoints keep it).
         One process only, automatic optimization only."""
+        if isinstance(steps, str) and steps != "auto":
+            raise ConfigError(
+                f"grads_accumulation takes a number of batches (an int >= 1) or 'auto', got "
+                f"{steps!r}."
+            )
         self._micro_auto = steps == "auto"
         if self._micro_auto:
             self._grads_accumulation = 1
