@@ -213,6 +213,13 @@ class Artifacts:
     def experiment_log(self) -> Path:
         return self.root / "experiment.log"
 
+    def memory_snapshot(self, rank: int = 0) -> Path:
+        """`memory-snapshot.pickle`: PyTorch's CUDA memory snapshot, written when an
+        out-of-memory error ended the run (`memory-snapshot-rank<r>.pickle` of another rank;
+        for https://pytorch.org/memory_viz, never loaded by ember)."""
+        suffix = f"-rank{rank}" if rank else ""
+        return self.root / f"memory-snapshot{suffix}.pickle"
+
     @property
     def history(self) -> Path:
         """`history.jsonl`: where a run writes its history."""

@@ -56,6 +56,8 @@ class Step(NamedTuple):
     """Samples each batch adds to the epoch's count (all processes)."""
     may_vote: bool
     """Every process has this step's batches: a stop can be agreed on after it."""
+    origins: list[int] | None = None
+    """Micro-batches (`grads_accumulation("auto")`): the index of each one's batch."""
 
 
 class ShardPlan:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 import torch
 
@@ -61,6 +61,8 @@ class LearnerBuilder:
         self._loggers: dict[str, list[MetricLogger]] = {"train": [], "valid": []}
         self._renderer: Renderer | None = None
         self._grads_accumulation = 1
+        self._micro_auto = False
+        self._memory_history: int | None = None
         self._recorder: Recorder | None = None
         self._checkpointer: Checkpointer | None = None
         self._num_epochs = 1
@@ -194,9 +196,34 @@ class LearnerBuilder:
         return self
 
     # Training ----------------------------------------------------------------
-    def grads_accumulation(self, steps: int) -> LearnerBuilder:
-        """Step the optimizer every `steps` batches (gradients summed as a mean)."""
+    def grads_accumulation(self, steps: int | Literal["auto"]) -> LearnerBuilder:
+        """Step the optimizer every `steps` batches (gradients summed as a mean).
+
+        `"auto"`: one optimizer step per batch, and a step that raises
+        `torch.OutOfMemoryError` is run again with every batch split into twice as
+        many micro-batches (along the first dimension), until it fits; the update is
+        the same, and the split stays for the rest of the run (checkpoints keep it).
+        One process only, automatic optimization only."""
+        if isinstance(steps, str) and steps != "auto":
+            raise ConfigError(
+                f"grads_accumulation takes a number of batches (an int >= 1) or 'auto', got "
+                f"{steps!r}."
+            )
+        self._micro_auto = steps == "auto"
+        if self._micro_auto:
+            self._grads_accumulation = 1
+            return self
         self._grads_accumulation = _positive_int(steps, "grads_accumulation")
+        return self
+
+    def memory_history(self, max_entries: int = 100_000) -> LearnerBuilder:
+        """Out-of-memory post-mortem (CUDA only): record the allocations and their stacks
+        (the last `max_entries` events) from the start of `fit`; when
+        `torch.OutOfMemoryError` ends the run, write PyTorch's snapshot to
+        `memory-snapshot.pickle` in the artifact directory (open it at
+        https://pytorch.org/memory_viz) and name the largest live allocations in the
+        error. Recording slows allocations a little."""
+        self._memory_history = _positive_int(max_entries, "memory_history's max_entries")
         return self
 
     def valid_every(self, steps: int) -> LearnerBuilder:
@@ -495,10 +522,17 @@ class LearnerBuilder:
                 "Custom optimization (a dict of optimizers) runs on one device: several "
                 "processes are not supported with it. Train on one device."
             )
+        if self._micro_auto:
+            self._check_micro_auto(manual, placement)
         if self._devices is None and placement is None:
             device = _model_device(model)
         else:
             device = process_device(self._devices, placement[2] if placement else 0)
+        if self._memory_history is not None and device.type != "cuda":
+            raise ConfigError(
+                f"memory_history() records CUDA allocations, and this run trains on {device}: "
+                "drop memory_history(), or train on a CUDA device (devices(['cuda:0']))."
+            )
         if self._fsdp is not None and self._fsdp.cpu_offload and device.type == "cpu":
             raise ConfigError(
                 "FSDP's cpu_offload=True keeps the shards of a model trained on GPUs in host "
@@ -512,6 +546,8 @@ class LearnerBuilder:
         if self._compile is not None:
             model.compile(**self._compile)
         optimization = self._optimization(model, optimizer, lr, device)
+        if self._micro_auto:
+            optimization.micro_split = 1
         checkpointer = self._checkpointer
         if self._recorder is not None:
             checkpointer = FileCheckpointer(
@@ -564,8 +600,25 @@ class LearnerBuilder:
             cadence=self._make_cadence(),
             valid_every=self._valid_every,
             limit_batches=(self._limits["train"], self._limits["valid"]),
+            memory_history=self._memory_history,
         )
         return Learner(options)
+
+    def _check_micro_auto(self, manual: bool, placement: Any) -> None:
+        """grads_accumulation("auto") splits batches of one process, whose loss ember
+        backpropagates."""
+        if manual:
+            raise ConfigError(
+                "grads_accumulation('auto') splits a batch and backpropagates each part, and "
+                "custom optimization (a dict of optimizers) runs its own backward passes: "
+                "use grads_accumulation(n) with a smaller batch size instead."
+            )
+        if (self._devices is not None and len(self._devices) > 1) or placement:
+            raise ConfigError(
+                "grads_accumulation('auto') runs on one process: several processes would "
+                "each find their own split. Set the split yourself: a smaller batch size "
+                "with grads_accumulation(n)."
+            )
 
     def _optimization(
         self, model: torch.nn.Module, optimizer: Any, lr: Any, device: torch.device

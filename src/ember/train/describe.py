@@ -78,11 +78,15 @@ def describe_run(learner: Any, info: RunInfo) -> str:
     fsdp = learner.options.fsdp
     if dist is not None and fsdp is not None:
         extras.append(f"parameters sharded (FSDP; {fsdp.describe()})")
+    accumulation = str(learner.grads_accumulation)
+    split = optim.micro_split
+    if split is not None:
+        accumulation = "auto" + (f" (batches in {split})" if split > 1 else "")
     return (
         f"Training {info.model_name} ({info.num_parameters:,} parameters) on "
         f"{', '.join(info.devices)}: epochs {info.start_epoch} to {info.num_epochs}, optimizer "
         f"{_named(optim.optimizer)}, lr {_named(optim.lr.scheduler)}, gradient "
-        f"accumulation {learner.grads_accumulation}{''.join(', ' + e for e in extras)}; "
+        f"accumulation {accumulation}{''.join(', ' + e for e in extras)}; "
         f"metrics train [{names['train']}], valid [{names['valid']}]; python "
         f"{sys.version.split()[0]}, torch {torch.__version__}"
     )

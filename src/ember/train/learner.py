@@ -37,6 +37,12 @@ from ember.train.logger.file import FileMetricLogger
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
 from ember.train.model_summary import summarize_model
+from ember.train.oom import (
+    memory_post_mortem,
+    run_split,
+    start_memory_history,
+    stop_memory_history,
+)
 from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome, StopReason
 from ember.train.output import loss_weight, summed_loss_hint
@@ -237,6 +243,9 @@ class Learner:
         train every epoch, end; the loggers, the renderer and the log always close."""
         run = self._prepare(train, valid)
         reason: Outcome | str = "failed"
+        recording = self.options.memory_history
+        if recording is not None:
+            start_memory_history(recording)
         try:
             with signal_handlers(self.interrupter, self.options.preemption):
                 if self.options.cadence is not None:
@@ -266,9 +275,14 @@ class Learner:
             if self.options.summary and run.main:
                 self._print_summary()
         except BaseException as error:
+            if recording is not None and isinstance(error, torch.OutOfMemoryError):
+                rank = self.dist.rank if self.dist is not None else 0
+                memory_post_mortem(error, self.artifacts.memory_snapshot(rank))
             reason = self.outcome = self._failure(error)
             raise
         finally:
+            if recording is not None:
+                stop_memory_history()
             self._close(run.loggers, run.renderer, reason)
             run.app_log.uninstall()
         return self.model
@@ -434,7 +448,7 @@ class Learner:
         self.iteration, self.items, stop = start.iteration, start.items, False
         with join(self._ddp):
             for step in plan:
-                finite = self._run_step(processor, step, epoch, plan.total, start.iteration + 1)
+                finite = self._train_step(processor, step, epoch, plan.total, start.iteration + 1)
                 self._step_optimizer(finite, epoch)
                 if self._point_due(step, plan.total, valid) and self._valid_point(
                     processor, valid, epoch
@@ -470,6 +484,23 @@ class Learner:
         lines, states = processor.line_counts(), processor.epoch_states()
         self.checkpoints.save(position, self.model, self.optim, self.dist, lines, states)
 
+    def _train_step(
+        self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
+    ) -> bool:
+        """`_run_step`, or under `grads_accumulation("auto")` the step run again in
+        micro-batches after an out-of-memory error (`train/oom.py`)."""
+        if self.optim.micro_split is None:
+            return self._run_step(processor, step, epoch, total, check)
+        iteration, items, counting = self.iteration, self.items, not self.flops.done
+
+        def attempt(split: Step) -> bool:
+            self.iteration, self.items = iteration, items  # a failed attempt counts nothing
+            if counting:  # the FLOPs are counted on a batch that fits
+                self.flops.done = False
+            return self._run_step(processor, split, epoch, total, check)
+
+        return run_split(self.optim, step, attempt)
+
     def _run_step(
         self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
     ) -> bool:
@@ -484,8 +515,9 @@ class Learner:
         lr = optim.begin_group()
         last, finite = len(step.batches) - 1, True
         tokens: Any = 0  # the group's tokens, when its losses are means over tokens
+        origins = step.origins
         for index, batch in enumerate(step.batches):
-            iteration = step.first + index
+            iteration = step.first + (index if origins is None else origins[index])
             self.iteration = iteration
             self.items += step.items[index]
             if self._move:

@@ -52,6 +52,9 @@ class Optimization:
         self._no_autocast = contextlib.nullcontext()
         self._prepared = False
         self._clips = clip_norm is not None or clip_value is not None
+        self.micro_split: int | None = None
+        """Under `grads_accumulation("auto")`: how many micro-batches each batch is split
+        into (1 until a step runs out of memory; `train/oom.py`). None otherwise."""
 
     def autocast(self) -> ContextManager[Any]:
         """The context the steps run in: autocast under mixed precision, else nothing."""
@@ -176,6 +179,8 @@ class Optimization:
             state["grad_scaler"] = self.scaler.state_dict()
         if self.callbacks is not None:
             state["callbacks"] = self.callbacks.state_dict()
+        if self.micro_split is not None:
+            state["micro_split"] = self.micro_split
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> list[str]:
@@ -184,15 +189,22 @@ class Optimization:
         self.lr.load_state_dict(state["lr_scheduler"])
         if self.scaler is not None and "grad_scaler" in state:
             self.scaler.load_state_dict(state["grad_scaler"])
+        notes = []
+        if self.micro_split is not None and int(state.get("micro_split", 1)) > 1:
+            self.micro_split = int(state["micro_split"])
+            notes.append(
+                f"grads_accumulation('auto'): every batch is split into {self.micro_split} "
+                "micro-batches, as in the checkpoint's run."
+            )
         saved = state.get("callbacks", {})
         if self.callbacks is not None:
-            return self.callbacks.load_state_dict(saved)
+            return notes + self.callbacks.load_state_dict(saved)
         if saved:
-            return [
+            notes.append(
                 f"The checkpoint holds the state of callbacks ({', '.join(saved)}) that this "
                 "run does not register: that state is not used."
-            ]
-        return []
+            )
+        return notes
 
 
 def check_mixed_precision(value: Any) -> MixedPrecision | None:

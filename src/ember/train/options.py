@@ -68,6 +68,8 @@ class LearnerOptions:
     valid_every: int | None = None
     """Validate inside each epoch every this many optimizer steps (None: at epoch ends only)."""
     limit_batches: tuple[int | float | None, int | float | None] = (None, None)
+    memory_history: int | None = None
+    """Record CUDA allocations (this many events) for an out-of-memory post-mortem."""
     """The batches each epoch takes of the training and validation loaders: a count, a
     fraction of the loader's batches, or None for all."""
     activation_checkpointing: tuple[type, ...] = ()

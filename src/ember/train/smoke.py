@@ -82,6 +82,7 @@ class _Saved:
         )
         self.scaler = copy.deepcopy(optim.scaler.state_dict()) if optim.scaler is not None else None
         self.rng = capture_rng_state()
+        self.micro_split = optim.micro_split  # grads_accumulation("auto")'s split
 
     def restore(self, model: torch.nn.Module, optim: Any) -> None:
         model.load_state_dict(self.model)
@@ -96,6 +97,7 @@ class _Saved:
         if self.scaler is not None:
             optim.scaler.load_state_dict(self.scaler)
         restore_rng_state(self.rng)
+        optim.micro_split = self.micro_split
 
 
 def smoke_test(
