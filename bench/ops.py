@@ -21,15 +21,27 @@ import io
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import worker  # bench/worker.py: the same models and loops
+
+def _worker() -> Any:
+    """bench/worker.py: the same models and loops (imported on first use, so that
+    importing this module for `OpCounter` changes nothing else)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import worker
+
+    return worker
 
 
 class OpCounter(TorchDispatchMode):
+    """Counts every aten operation dispatched while it is active, by name (`ops`).
+    `tests/test_step_ops.py` counts with it too."""
+
     def __init__(self) -> None:
         super().__init__()
         self.ops: collections.Counter[str] = collections.Counter()
@@ -48,6 +60,7 @@ def batches(model: str, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def raw(model_name: str, count: int) -> collections.Counter[str]:
+    worker = _worker()
     model = worker.torch_net(model_name)
     optimizer = torch.optim.Adam(model.parameters(), lr=worker.LR, eps=worker.ADAM_EPS)
     data = batches(model_name, count)
@@ -62,6 +75,7 @@ def ember(model_name: str, count: int) -> collections.Counter[str]:
     from ember.train.metric import AccuracyMetric, LossMetric
     from ember.train.renderer import PlainRenderer
 
+    worker = _worker()
     model = worker.ember_model(model_name)
     learner = (
         LearnerBuilder(tempfile.mkdtemp(prefix="ember-ops-"))
@@ -78,6 +92,7 @@ def ember(model_name: str, count: int) -> collections.Counter[str]:
 
 
 def main() -> None:
+    worker = _worker()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=worker.MODELS, default="mlp")
     parser.add_argument("--small", type=int, default=5)

@@ -158,7 +158,8 @@ def sigterm_when(
 
 
 class StopAt:
-    """A listener that stops a run gracefully after one training iteration of one epoch."""
+    """A listener that stops a run gracefully after one training iteration of one epoch
+    (with the reason "test stop")."""
 
     def __init__(self, interrupter: Any, epoch: int, iteration: int) -> None:
         self.interrupter, self.at = interrupter, (epoch, iteration)
@@ -169,3 +170,68 @@ class StopAt:
         train = isinstance(event, ProcessedItem) and event.split == "train"
         if train and (event.epoch, event.iteration) == self.at:
             self.interrupter.stop("test stop")
+
+
+def blob_builder(directory: Path, renderer: Any = None) -> Any:
+    """A `LearnerBuilder` for the blob task: training loss, validation loss and accuracy,
+    a plain renderer that stays quiet unless `renderer` is given."""
+    from ember.train import LearnerBuilder
+    from ember.train.metric import AccuracyMetric, LossMetric
+    from ember.train.renderer import PlainRenderer
+
+    return (
+        LearnerBuilder(directory)
+        .metric_train_numeric(LossMetric())
+        .metric_valid_numeric(LossMetric())
+        .metric_valid(AccuracyMetric())
+        .renderer(renderer or PlainRenderer(interval=3600))
+    )
+
+
+# The blob script stopped by SIGTERM mid-epoch, then resumed -------------------------
+BLOBS_SCRIPT = Path(__file__).parent / "scripts" / "train_blobs.py"
+
+
+def run_blobs(directory: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`tests/scripts/train_blobs.py DIRECTORY EXTRA` in a subprocess."""
+    return run_script(BLOBS_SCRIPT, str(directory), *extra, timeout=timeout)
+
+
+def final_weights(directory: Path, name: str = "final") -> dict[str, torch.Tensor]:
+    """The weights a blob run wrote as `name` (its final model, or "ema")."""
+    from ember.record import DefaultRecorder
+
+    return DefaultRecorder().load(Classifier(), directory / name).state_dict()
+
+
+def sigterm_midway(directory: Path, *extra: str) -> subprocess.CompletedProcess:
+    """Start a slow blob run and send it SIGTERM once it is inside epoch 2."""
+    log = directory / "train" / "epoch-2" / "Loss.log"
+    return sigterm_when(BLOBS_SCRIPT, [str(directory), "--sleep", "0.01", *extra], log)
+
+
+def stopped_and_resumed(root: Path, *options: str) -> tuple[Path, Path]:
+    """A blob run straight through (`root/straight`), and the same run stopped by SIGTERM
+    inside epoch 2 and resumed from its latest checkpoint (`root/resumed`). Checked on
+    the way: the exit codes (0; 143 then 0), the stop's message, its mid-epoch checkpoint
+    and no final model, and the resumed run saying where it resumed."""
+    straight, resumed = root / "straight", root / "resumed"
+    done = run_blobs(straight, *options)
+    assert done.returncode == 0, done.stderr
+    stopped = sigterm_midway(resumed, *options)
+    assert stopped.returncode == 143, stopped.stderr  # 128 + SIGTERM: a scheduler sees it
+    assert "training stopped: terminated by SIGTERM" in stopped.stdout
+    assert not (resumed / "final.mpk").exists()
+    assert "Checkpoint of epoch 2, iteration" in (resumed / "experiment.log").read_text()
+    again = run_blobs(resumed, "--resume", *options)
+    assert again.returncode == 0, again.stderr
+    log = (resumed / "experiment.log").read_text()
+    assert "Resumed from the checkpoint of epoch 2, iteration" in log
+    return straight, resumed
+
+
+def assert_same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    """Two state dicts hold the same names and equal tensors."""
+    assert list(a) == list(b)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name

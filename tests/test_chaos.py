@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from ember_testing import Classifier
+from ember_testing import BLOBS_SCRIPT, final_weights
 
-from ember.record import DefaultRecorder, load
+from ember.record import load
 from ember.train.logger import read_metric_log
 
-SCRIPT = Path(__file__).parent / "scripts" / "train_blobs.py"
+SCRIPT = BLOBS_SCRIPT
 
 
 def start(directory: Path, *extra: str) -> subprocess.Popen:
@@ -29,16 +29,12 @@ def start(directory: Path, *extra: str) -> subprocess.Popen:
     )
 
 
-def weights(directory: Path) -> dict[str, torch.Tensor]:
-    return DefaultRecorder().load(Classifier(), directory / "final").state_dict()
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
     directory = tmp_path_factory.mktemp("reference")
     process = start(directory)
     assert process.wait(timeout=120) == 0, process.stderr.read()
-    return weights(directory)
+    return final_weights(directory)
 
 
 def check_disk(directory: Path) -> int:
@@ -75,7 +71,7 @@ def run_chaos(tmp_path: Path, reference, runs: int, seed: int) -> None:
         directory = tmp_path / f"run-{run}"
         kill_and_resume(directory, rng.uniform(1.5, 4.5))
         assert check_disk(directory) > 0
-        final = weights(directory)
+        final = final_weights(directory)
         for name, value in reference.items():
             assert torch.equal(final[name], value), (run, name)
         leftovers = [p.name for p in directory.rglob("*") if p.name.startswith(".") and p.is_file()]

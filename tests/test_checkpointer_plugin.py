@@ -9,13 +9,13 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from ember_testing import BlobBatcher, Classifier
+from ember_testing import BlobBatcher, Classifier, StopAt
 
 import ember
 from ember.data import DataLoaderBuilder
 from ember.errors import ConfigError
 from ember.optim import AdamConfig
-from ember.train import LearnerBuilder, ProcessedItem
+from ember.train import LearnerBuilder
 from ember.train.history import RunHistory
 from ember.train.metric import AccuracyMetric, LossMetric
 
@@ -100,18 +100,6 @@ def train(builder, blobs):
 def assert_same_weights(a, b):
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name
-
-
-class StopAt:
-    """Stops the run gracefully after a given training iteration of a given epoch."""
-
-    def __init__(self, interrupter, epoch, iteration):
-        self.interrupter, self.epoch, self.iteration = interrupter, epoch, iteration
-
-    def on_event(self, event):
-        train = isinstance(event, ProcessedItem) and event.split == "train"
-        if train and (event.epoch, event.iteration) == (self.epoch, self.iteration):
-            self.interrupter.stop("test stop")
 
 
 def test_a_checkpointer_of_ones_own_resumes_exactly_and_keeps_what_the_strategy_keeps(

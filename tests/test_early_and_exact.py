@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from ember_testing import Batch, Classifier
+from ember_testing import Batch, Classifier, StopAt
 
 import ember
 from ember.errors import ConfigError, TrainingError
@@ -306,16 +306,6 @@ def test_compile_is_a_builder_option_and_its_checkpoints_load_into_the_plain_mod
         builder(tmp_path / "w", quiet).build(
             torch.compile(Classifier(), backend="eager"), AdamConfig().init(), 1e-2
         )
-
-
-class StopAt:
-    def __init__(self, interrupter, epoch, iteration):
-        self.interrupter, self.at = interrupter, (epoch, iteration)
-
-    def on_event(self, event):
-        train = isinstance(event, ProcessedItem) and event.split == "train"
-        if train and (event.epoch, event.iteration) == self.at:
-            self.interrupter.stop("test stop")
 
 
 def test_a_whole_epoch_metric_resumed_mid_epoch_covers_the_whole_epoch(tmp_path, loaders, quiet):

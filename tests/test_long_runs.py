@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from ember_testing import Classifier, run_script, sigterm_when
+from ember_testing import (
+    BLOBS_SCRIPT,
+    Classifier,
+    assert_same_state,
+    final_weights,
+    run_script,
+    sigterm_when,
+)
 
 from ember.errors import ConfigError
 from ember.optim import AdamConfig
@@ -20,7 +27,7 @@ from ember.train import LearnerBuilder
 from ember.train.checkpoint import FileCheckpointer
 from ember.train.outcome import StopReason
 
-SCRIPT = Path(__file__).parent / "scripts" / "train_blobs.py"
+SCRIPT = BLOBS_SCRIPT
 DDP_SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
 
 
@@ -41,14 +48,8 @@ def stop_reasons(directory: Path) -> list[dict]:
     ]
 
 
-def final_weights(directory: Path) -> dict[str, torch.Tensor]:
-    return DefaultRecorder().load(Classifier(), directory / "final").state_dict()
-
-
 def assert_same_weights(a: Path, b: Path) -> None:
-    first, second = final_weights(a), final_weights(b)
-    for name in first:
-        assert torch.equal(first[name], second[name]), name
+    assert_same_state(final_weights(a), final_weights(b))
 
 
 def signal_when(

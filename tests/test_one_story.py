@@ -4,12 +4,12 @@ it resumes, and only plotted (numeric) metrics get charts."""
 from __future__ import annotations
 
 import pytest
-from ember_testing import Classifier
+from ember_testing import Classifier, StopAt
 
 from ember.errors import TrainingError
 from ember.optim import AdamConfig
 from ember.record import DefaultRecorder
-from ember.train import LearnerBuilder, ProcessedItem
+from ember.train import LearnerBuilder
 from ember.train.logger.base import MetricRecord
 from ember.train.metric import AccuracyMetric, LossMetric
 from ember.train.renderer.base import Progress, RunInfo
@@ -30,16 +30,6 @@ def test_overwrite_after_a_failed_run_starts_a_fresh_log(tmp_path, loaders, quie
     fresh.build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
     log = (tmp_path / "experiment.log").read_text()
     assert "a bug in the step" not in log and "Training completed" in log
-
-
-class StopAt:
-    def __init__(self, interrupter, epoch, iteration):
-        self.interrupter, self.at = interrupter, (epoch, iteration)
-
-    def on_event(self, event):
-        train = isinstance(event, ProcessedItem) and event.split == "train"
-        if train and (event.epoch, event.iteration) == self.at:
-            self.interrupter.stop("test stop")
 
 
 @pytest.mark.parametrize("epoch", [1, 2])

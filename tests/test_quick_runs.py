@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from ember_testing import BlobBatcher, BlobDataset, Classifier
-from test_checkpointer_plugin import StopAt
+from ember_testing import BlobBatcher, BlobDataset, Classifier, StopAt
+from ember_testing import blob_builder as builder
 
 import ember
 from ember.data import DataLoaderBuilder
@@ -17,18 +17,8 @@ from ember.optim import AdamConfig
 from ember.record import DefaultRecorder
 from ember.train import LearnerBuilder, SmokeTestError
 from ember.train.logger import read_metric_log
-from ember.train.metric import AccuracyMetric, LossMetric
+from ember.train.metric import LossMetric
 from ember.train.renderer import PlainRenderer
-
-
-def builder(directory: Path, renderer=None) -> LearnerBuilder:
-    return (
-        LearnerBuilder(directory)
-        .metric_train_numeric(LossMetric())
-        .metric_valid_numeric(LossMetric())
-        .metric_valid(AccuracyMetric())
-        .renderer(renderer or PlainRenderer(interval=3600))
-    )
 
 
 class Unsized:

@@ -6,29 +6,20 @@ from __future__ import annotations
 
 import collections
 import io
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from ember_testing import Batch, Classifier
-from torch.utils._python_dispatch import TorchDispatchMode
+from ember_testing import Batch, Classifier, load_example
 
 from ember.errors import TrainingError
 from ember.train import LearnerBuilder, TrainOutput
 from ember.train.metric import AccuracyMetric, LossMetric
 from ember.train.renderer import PlainRenderer
 
-
-class OpCounter(TorchDispatchMode):
-    """Counts every aten operation dispatched while it is active, by name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
+# the counter of bench/ops.py: one definition for the benchmark and this test
+OpCounter = load_example(Path(__file__).parents[1] / "bench" / "ops.py", "bench_ops").OpCounter
 
 
 def batches(count: int) -> list[Batch]:

@@ -7,10 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from ember_testing import Classifier
+from ember_testing import (
+    Classifier,
+    assert_same_state,
+    blob_builder,
+    final_weights,
+    stopped_and_resumed,
+)
 from test_distributed import final
 from test_distributed import run as run_processes
-from test_resume_exact import final_weights, run, sigterm_midway
 
 import ember
 from ember.errors import ConfigError, TrainingError
@@ -19,20 +24,10 @@ from ember.record import DefaultRecorder
 from ember.train import LearnerBuilder, MetricEarlyStoppingStrategy, ValidPoint
 from ember.train.history import RunHistory
 from ember.train.logger import read_metric_log
-from ember.train.metric import AccuracyMetric, LossMetric
+from ember.train.metric import LossMetric
 from ember.train.renderer import PlainRenderer
 from ember.train.renderer.base import MetricView, Progress
 from ember.train.renderer.state import RunTracker
-
-
-def builder(directory: Path, renderer=None) -> LearnerBuilder:
-    return (
-        LearnerBuilder(directory)
-        .metric_train_numeric(LossMetric())
-        .metric_valid_numeric(LossMetric())
-        .metric_valid(AccuracyMetric())
-        .renderer(renderer or PlainRenderer(interval=3600))
-    )
 
 
 class Points:
@@ -46,7 +41,7 @@ class Points:
 
 def fit(directory, loaders, every=None, epochs=2, limit=None, renderer=None, listener=None):
     ember.seed(3)
-    options = builder(directory, renderer).num_epochs(epochs)
+    options = blob_builder(directory, renderer).num_epochs(epochs)
     if every is not None:
         options = options.valid_every(every)
     if limit is not None:
@@ -124,7 +119,7 @@ def test_points_leave_training_unchanged(tmp_path, loaders, one_thread):
 def test_early_stopping_counts_validation_points_and_stops_mid_epoch(tmp_path, loaders):
     ember.seed(3)
     learner = (
-        builder(tmp_path / "run")
+        blob_builder(tmp_path / "run")
         .with_file_checkpointer(DefaultRecorder())
         .valid_every(2)
         .early_stopping(MetricEarlyStoppingStrategy(LossMetric(), no_improvement_since=2))
@@ -164,7 +159,7 @@ def test_valid_every_refuses_what_is_not_a_positive_int(tmp_path, bad):
 
 
 def test_valid_every_without_validation_data_is_refused(tmp_path, loaders):
-    learner = builder(tmp_path).valid_every(2).build(Classifier(), AdamConfig().init(), 1e-2)
+    learner = blob_builder(tmp_path).valid_every(2).build(Classifier(), AdamConfig().init(), 1e-2)
     with pytest.raises(TrainingError, match=r"pass it as fit\(train, valid\)"):
         learner.fit(loaders[0])
 
@@ -188,20 +183,8 @@ def test_the_dashboard_shows_a_point_as_the_validation_values():
 
 @pytest.mark.slow
 def test_sigterm_mid_epoch_with_points_then_resume_equals_an_uninterrupted_run(tmp_path):
-    straight = run(tmp_path / "straight", "--valid-every", "4")
-    assert straight.returncode == 0, straight.stderr
-    stopped = sigterm_midway(tmp_path / "resumed", "--valid-every", "4")
-    assert stopped.returncode == 143, stopped.stderr
-    resumed = run(tmp_path / "resumed", "--resume", "--valid-every", "4")
-    assert resumed.returncode == 0, resumed.stderr
-    assert (
-        "Resumed from the checkpoint of epoch 2, iteration"
-        in (tmp_path / "resumed" / "experiment.log").read_text()
-    )
-
-    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
+    straight, resumed = stopped_and_resumed(tmp_path, "--valid-every", "4")
+    assert_same_state(final_weights(straight), final_weights(resumed))
     histories = [RunHistory.load(tmp_path / d / "history.jsonl") for d in ("straight", "resumed")]
     assert histories[0].points == histories[1].points
     assert [(e, i) for e, i, _ in histories[1].points] == [
@@ -210,9 +193,7 @@ def test_sigterm_mid_epoch_with_points_then_resume_equals_an_uninterrupted_run(t
     for epoch in (1, 2, 3):
         for point in (4, 8, 12, 16):
             path = Path("valid") / f"epoch-{epoch}" / f"iteration-{point}" / "Loss.log"
-            assert read_metric_log(tmp_path / "straight" / path) == read_metric_log(
-                tmp_path / "resumed" / path
-            ), path
+            assert read_metric_log(straight / path) == read_metric_log(resumed / path), path
 
 
 @pytest.mark.slow
