@@ -235,3 +235,18 @@ def assert_same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) ->
     assert list(a) == list(b)
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """The scalars of a TensorBoard log directory, read with TensorBoard's own reader:
+    tag -> [(step, value)]."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    reader = event_accumulator.EventAccumulator(
+        str(log_dir), size_guidance={event_accumulator.SCALARS: 0}
+    )
+    reader.Reload()
+    return {
+        tag: [(event.step, event.value) for event in reader.Scalars(tag)]
+        for tag in reader.Tags()["scalars"]
+    }

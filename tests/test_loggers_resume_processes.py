@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from ember_testing import run_script
+from ember_testing import read_scalars, run_script
 from mlflow import MlflowClient
-from tensorboard.backend.event_processing import event_accumulator
 
 from ember.errors import EmberError
 from ember.train.history import RunHistory
@@ -72,14 +71,7 @@ def csv_series(directory: Path) -> dict[tuple[str, ...], list[tuple[str, ...]]]:
 
 
 def board(directory: Path) -> dict[str, list[tuple[int, float]]]:
-    reader = event_accumulator.EventAccumulator(
-        str(directory / "tensorboard"), size_guidance={event_accumulator.SCALARS: 0}
-    )
-    reader.Reload()
-    return {
-        tag: [(event.step, event.value) for event in reader.Scalars(tag)]
-        for tag in reader.Tags()["scalars"]
-    }
+    return read_scalars(directory / "tensorboard")
 
 
 def mlflow(directory: Path) -> dict[str, list[tuple[int, float]]]:

@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 
 import pytest
+from ember_testing import read_scalars
 from mlflow import MlflowClient
-from tensorboard.backend.event_processing import event_accumulator
 
 from ember.train.logger import (
     CsvMetricLogger,
@@ -77,17 +77,6 @@ def read_csv(path: Path) -> list[list[str]]:
         return list(csv.reader(handle))
 
 
-def read_board(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    reader = event_accumulator.EventAccumulator(
-        str(log_dir), size_guidance={event_accumulator.SCALARS: 0}
-    )
-    reader.Reload()
-    return {
-        tag: [(event.step, event.value) for event in reader.Scalars(tag)]
-        for tag in reader.Tags()["scalars"]
-    }
-
-
 def read_mlflow(logger: MlflowMetricLogger) -> dict[str, list[tuple[int, float]]]:
     client = MlflowClient(tracking_uri=logger.client.tracking_uri)
     return {
@@ -145,7 +134,7 @@ def test_tensorboard_holds_each_step_once(tmp_path, stop, start):
     play(TensorBoardMetricLogger(tmp_path / "straight"))
     play(TensorBoardMetricLogger(tmp_path / "resumed"), stop=stop)
     play(TensorBoardMetricLogger(tmp_path / "resumed"), start)
-    expected, found = read_board(tmp_path / "straight"), read_board(tmp_path / "resumed")
+    expected, found = read_scalars(tmp_path / "straight"), read_scalars(tmp_path / "resumed")
     assert found == expected
     assert [s for s, _ in found["train/Loss"]] == list(range(1, 3 * LENGTHS["train"] + 1))
     assert [s for s, _ in found["train/epoch/Loss"]] == [1, 2, 3]
@@ -250,7 +239,7 @@ def test_two_processes_share_each_step_in_tensorboard_and_mlflow(tmp_path, track
         (8 * value_of("train", e, i, "Loss") + 9 * value_of("train", e, i, "Loss", 1)) / 17
     )
     expected = [(5 * (e - 1) + i, mean(e, i)) for e in (1, 2) for i in range(1, 6)]
-    found = read_board(tmp_path / "tb")["train/Loss"]
+    found = read_scalars(tmp_path / "tb")["train/Loss"]
     assert [s for s, _ in found] == [s for s, _ in expected]
     assert [v for _, v in found] == pytest.approx([v for _, v in expected], rel=1e-6)
     found = read_mlflow(tracking)["train/Loss"]
@@ -303,7 +292,7 @@ def test_a_kill_during_the_tensorboard_rewrite_is_finished_by_the_next_start(tmp
     assert (resumed / ".ember-events.ready").exists()
     (resumed / ".ember-events.tmp").write_bytes(b"half a file")  # another write cut short
     play(TensorBoardMetricLogger(resumed), RunStart(2, 0, resumed=True))
-    assert read_board(resumed) == read_board(tmp_path / "straight")
+    assert read_scalars(resumed) == read_scalars(tmp_path / "straight")
     assert not list(resumed.glob(".ember-*"))
 
 
@@ -319,18 +308,18 @@ def test_a_torn_tensorboard_record_and_a_torn_csv_row_are_dropped_on_resume(tmp_
         handle.write("train,2,5,Lo\xdf".encode())  # mid-row, mid-character
     play(TensorBoardMetricLogger(tmp_path / "resumed"), RunStart(2, 0, resumed=True))
     play(CsvMetricLogger(tmp_path / "resumed.csv"), RunStart(2, 0, resumed=True))
-    assert read_board(tmp_path / "resumed") == read_board(tmp_path / "straight")
+    assert read_scalars(tmp_path / "resumed") == read_scalars(tmp_path / "straight")
     assert read_csv(tmp_path / "resumed.csv") == read_csv(tmp_path / "straight.csv")
 
 
 def test_tensorboard_events_without_steps_file_are_kept_with_a_warning(tmp_path, caplog):
     play(TensorBoardMetricLogger(tmp_path), stop=(2, 4))
     (tmp_path / tensorboard_logger.STEPS_FILE).unlink()  # as written by an older version
-    before = read_board(tmp_path)
+    before = read_scalars(tmp_path)
     with caplog.at_level(logging.WARNING, logger="ember"):
         TensorBoardMetricLogger(tmp_path).start_run(RunStart(2, 0, resumed=True))
     assert "no ember-steps.json" in caplog.text
-    assert read_board(tmp_path) == before
+    assert read_scalars(tmp_path) == before
 
 
 def test_mlflow_names_values_that_differ_or_stay_after_the_resumed_run(tracking_uri, caplog):

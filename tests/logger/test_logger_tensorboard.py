@@ -5,24 +5,14 @@ from __future__ import annotations
 import sys
 
 import pytest
-from logger_driver import EPOCHS, METRICS, drive
 
 # Imported at the top on purpose: with tensorboard missing this module fails, not skips.
-from tensorboard.backend.event_processing import event_accumulator
+import tensorboard  # noqa: F401
+from ember_testing import read_scalars
+from logger_driver import EPOCHS, METRICS, drive
 
 from ember.errors import EmberError
 from ember.train.logger import MetricLogger, MetricRecord, TensorBoardMetricLogger
-
-
-def read_scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
-    reader = event_accumulator.EventAccumulator(
-        str(log_dir), size_guidance={event_accumulator.SCALARS: 0}
-    )
-    reader.Reload()
-    return {
-        tag: [(event.step, event.value) for event in reader.Scalars(tag)]
-        for tag in reader.Tags()["scalars"]
-    }
 
 
 def assert_series(found: list[tuple[int, float]], wanted: list[tuple[int, float]]) -> None:

@@ -71,16 +71,19 @@ def main() -> int:
         .build(BlobDataset(320))
     )
     valid = DataLoaderBuilder(BlobBatcher()).batch_size(32).build(BlobDataset(64, seed=1))
-    builder = (
-        LearnerBuilder(args.dir)
-        .metric_train_numeric(AccuracyMetric())
-        .metric_train_numeric(LossMetric())
-        .metric_valid_numeric(LossMetric())
-        .with_file_checkpointer(DefaultRecorder())
-        .grads_accumulation(args.accumulation)
-        .num_epochs(args.epochs)
-        .renderer(PlainRenderer(interval=3600))
-    )
+
+    def configured(builder: LearnerBuilder) -> LearnerBuilder:
+        return (
+            builder.metric_train_numeric(AccuracyMetric())
+            .metric_train_numeric(LossMetric())
+            .metric_valid_numeric(LossMetric())
+            .with_file_checkpointer(DefaultRecorder())
+            .grads_accumulation(args.accumulation)
+            .num_epochs(args.epochs)
+            .renderer(PlainRenderer(interval=3600))
+        )
+
+    builder = configured(LearnerBuilder(args.dir))
     if args.resume:
         builder = builder.checkpoint("latest")
     elif args.resume_or_start:
@@ -90,16 +93,7 @@ def main() -> int:
         if FileCheckpointer(Path(args.dir) / "checkpoint", _Recorder()).epochs():
             builder = builder.checkpoint("latest")
         else:
-            builder = LearnerBuilder(args.dir, overwrite=True)
-            builder = (
-                builder.metric_train_numeric(AccuracyMetric())
-                .metric_train_numeric(LossMetric())
-                .metric_valid_numeric(LossMetric())
-                .with_file_checkpointer(DefaultRecorder())
-                .grads_accumulation(args.accumulation)
-                .num_epochs(args.epochs)
-                .renderer(PlainRenderer(interval=3600))
-            )
+            builder = configured(LearnerBuilder(args.dir, overwrite=True))
     if args.auto:
         builder = builder.checkpoint("auto")
     if args.every_steps is not None:
