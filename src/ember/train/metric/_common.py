@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import torch
 
 from ember.errors import ConfigError, TrainingError
-from ember.train.metric.base import MetricValue
+from ember.train.metric.base import MetricValue, Number
 
 
 def wide_float(device: torch.device) -> torch.dtype:
@@ -331,3 +332,63 @@ class GrowingTensor:
     def tensor(self) -> torch.Tensor | None:
         """The rows appended so far, as one tensor (None when there are none)."""
         return None if self._data is None else self._data[: self._size]
+
+
+class SummedCounts:
+    """The epoch state of a metric scored from count tensors summed over the epoch
+    (confusion matrices, per-class true/predicted/actual positives): each batch's counts
+    are added on the batch's device, the epoch value scores the sum, and the sums of
+    several processes merge by addition.
+
+    A subclass sets `_who` (how messages name it) and defines `_score(counts, dtype)`;
+    its `update` computes a batch's counts and returns `self._counted(counts, weight,
+    output)`. `_checks` holds its first-batch value checks (reset with the epoch).
+    """
+
+    _who: str
+
+    def __init__(self) -> None:
+        self._checks = FirstBatch()
+        self._total: torch.Tensor | None = None
+
+    def _score(self, counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _counted(self, counts: torch.Tensor, weight: Number, output: torch.Tensor) -> MetricValue:
+        """Add a batch's `counts` to the epoch's; the batch's own score, with `weight`.
+        `output` (the batch's outputs) names the shape when the class count changes."""
+        if self._total is None:
+            self._total = counts
+        elif self._total.shape == counts.shape:
+            self._total = self._total + counts
+        else:
+            raise TrainingError(
+                f"{self._who} counts {self._total.shape[-1]} classes this epoch, but a batch "
+                f"has outputs {dims(output.shape)} with {counts.shape[-1]}: every "
+                "batch needs the same number of output columns."
+            )
+        return MetricValue(self._score(counts, torch.float32), weight)
+
+    def epoch_value(self) -> torch.Tensor | float:
+        """The value of the whole epoch, from its summed counts."""
+        if self._total is None:
+            return math.nan
+        return self._score(self._total, wide_float(self._total.device))
+
+    def clear(self) -> None:
+        self._total = None
+        self._checks.reset()
+
+    def epoch_state(self) -> torch.Tensor | None:
+        """This process's summed counts (exchanged when training on several processes)."""
+        return None if self._total is None else self._total.cpu()
+
+    def merge_epoch_states(self, states: list[torch.Tensor | None]) -> None:
+        """Add other processes' counts, so `epoch_value` covers every sample."""
+        for counts in states:
+            if counts is None:
+                continue
+            if self._total is None:
+                self._total = counts
+            else:  # every process has the same classes (the output's width)
+                self._total = self._total + counts.to(self._total.device)

@@ -18,8 +18,8 @@ import torch
 
 from ember.errors import ConfigError, TrainingError
 from ember.train.metric._common import (
-    FirstBatch,
     Probabilities,
+    SummedCounts,
     add_class_range,
     add_unit_range,
     check_binary,
@@ -27,7 +27,6 @@ from ember.train.metric._common import (
     check_same_shape,
     dims,
     who,
-    wide_float,
 )
 from ember.train.metric.base import MetricMetadata, MetricValue, Number
 from ember.train.metric.inputs import ClassificationInput, MultiLabelInput
@@ -43,7 +42,7 @@ _EXPECTS = {
 }
 
 
-class _MatrixMetric:
+class _MatrixMetric(SummedCounts):
     """Shared machinery: a [C, C] count matrix per batch, summed over the epoch."""
 
     unit = ""
@@ -71,8 +70,7 @@ class _MatrixMetric:
         self.name = name if name is not None else self._label
         self._probabilities = Probabilities(from_logits, f"{cls}.{mode}()")
         self._who = who(f"{cls}.{mode}()", self.name)
-        self._checks = FirstBatch()
-        self._total: torch.Tensor | None = None
+        super().__init__()
 
     @classmethod
     def binary(
@@ -102,45 +100,15 @@ class _MatrixMetric:
         if keep is not None:  # padding rows go to one extra bin, then are dropped
             index = torch.where(keep, index, cells)
         counts = torch.bincount(index, minlength=cells + 1)[:cells].view(classes, classes)
-        if self._total is None:
-            self._total = counts
-        elif self._total.shape == counts.shape:
-            self._total = self._total + counts
-        else:
-            raise TrainingError(
-                f"{self._who} counts {self._total.shape[-1]} classes this epoch, but a batch "
-                f"has outputs {dims(input.output.shape)} with {classes}: every batch needs "
-                "the same number of output columns."
-            )
         weight: Number = int(input.targets.shape[0]) if keep is None else keep.sum()
-        return MetricValue(self.score(counts, torch.float32), weight)
-
-    def epoch_value(self) -> torch.Tensor | float:
-        """The value of the whole epoch, from its summed count matrix."""
-        if self._total is None:
-            return math.nan
-        return self.score(self._total, wide_float(self._total.device))
-
-    def clear(self) -> None:
-        self._total = None
-        self._checks.reset()
-
-    def epoch_state(self) -> torch.Tensor | None:
-        """This process's count matrix (exchanged when training on several processes)."""
-        return None if self._total is None else self._total.cpu()
-
-    def merge_epoch_states(self, states: list[torch.Tensor | None]) -> None:
-        """Add other processes' counts, so `epoch_value` covers every sample."""
-        for counts in states:
-            if counts is None:
-                continue
-            if self._total is None:
-                self._total = counts
-            else:
-                self._total = self._total + counts.to(self._total.device)
+        return self._counted(counts, weight, input.output)
 
     def score(self, counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The value of a count matrix, computed in `dtype`."""
         raise NotImplementedError
+
+    def _score(self, counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self.score(counts, dtype)
 
     # -- predictions --------------------------------------------------------------
     def _binary(self, input: ClassificationInput) -> _Rows:
@@ -245,9 +213,7 @@ class ConfusionMatrixMetric(_MatrixMetric):
 
     def matrix(self) -> torch.Tensor | None:
         """The epoch's counts so far, [C, C] int64 on the host (None before any batch)."""
-        if self._total is None:
-            return None
-        return self._total.cpu()
+        return self.epoch_state()
 
     def score(self, counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         counts = counts.to(dtype)

@@ -38,8 +38,8 @@ import torch
 
 from ember.errors import ConfigError, TrainingError
 from ember.train.metric._common import (
-    FirstBatch,
     Probabilities,
+    SummedCounts,
     add_class_range,
     add_unit_range,
     check_binary,
@@ -47,7 +47,6 @@ from ember.train.metric._common import (
     check_same_shape,
     dims,
     who,
-    wide_float,
 )
 from ember.train.metric.base import MetricMetadata, MetricValue, Number
 from ember.train.metric.inputs import ClassificationInput, MultiLabelInput
@@ -65,7 +64,7 @@ _EXPECTS = {
 }
 
 
-class _ConfusionMetric:
+class _ConfusionMetric(SummedCounts):
     """Shared machinery: batch confusion counts [3, C] = (true pos., predicted pos.,
     actual pos.) per class, summed over the epoch."""
 
@@ -101,8 +100,7 @@ class _ConfusionMetric:
         self.from_logits = from_logits
         self._probabilities = Probabilities(from_logits, f"{cls}.{mode}()")
         self._who = who(f"{cls}.{mode}()", self.name)
-        self._checks = FirstBatch()
-        self._total: torch.Tensor | None = None
+        super().__init__()
 
     # -- the protocol -------------------------------------------------------------
     def update(
@@ -114,41 +112,7 @@ class _ConfusionMetric:
             counts, weight = self._multiclass_counts(input)  # type: ignore[arg-type]
         else:
             counts, weight = self._binary_counts(input)  # type: ignore[arg-type]
-        if self._total is None:
-            self._total = counts
-        elif self._total.shape == counts.shape:
-            self._total = self._total + counts
-        else:
-            raise TrainingError(
-                f"{self._who} counts {self._total.shape[-1]} classes this epoch, but a batch "
-                f"has outputs {dims(input.output.shape)} with {counts.shape[-1]}: every "
-                "batch needs the same number of output columns."
-            )
-        return MetricValue(self._score(counts, torch.float32), weight)
-
-    def epoch_value(self) -> torch.Tensor | float:
-        """The score of the whole epoch, from the summed confusion counts."""
-        if self._total is None:
-            return math.nan
-        return self._score(self._total, wide_float(self._total.device))
-
-    def clear(self) -> None:
-        self._total = None
-        self._checks.reset()
-
-    def epoch_state(self) -> torch.Tensor | None:
-        """This process's summed counts (exchanged when training on several processes)."""
-        return None if self._total is None else self._total.cpu()
-
-    def merge_epoch_states(self, states: list[torch.Tensor | None]) -> None:
-        """Add other processes' counts, so `epoch_value` covers every sample."""
-        for counts in states:
-            if counts is None:
-                continue
-            if self._total is None:
-                self._total = counts
-            else:  # every process has the same classes (the output's width)
-                self._total = self._total + counts.to(self._total.device)
+        return self._counted(counts, weight, input.output)
 
     # -- scoring ------------------------------------------------------------------
     def _ratio(
