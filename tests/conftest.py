@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
-from ember_testing import BlobBatcher, BlobDataset
+from ember_testing import BlobBatcher, BlobDataset, run_blobs
 
 
 @pytest.fixture
@@ -45,3 +46,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def blob_straight(tmp_path_factory) -> Path:
+    """The directory of one uninterrupted run of tests/scripts/train_blobs.py (default
+    options): the reference that the script's stopped, killed and resumed runs must end
+    like. Made once for the whole session."""
+    directory = tmp_path_factory.mktemp("blob-straight")
+    done = run_blobs(directory)
+    assert done.returncode == 0, done.stderr
+    return directory

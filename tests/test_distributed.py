@@ -35,10 +35,18 @@ def final(directory: Path) -> dict[str, torch.Tensor]:
     return DefaultRecorder().load(None, directory / "final")
 
 
-def test_two_processes_at_batch_b_match_one_process_at_batch_2b(tmp_path):
-    one = run(tmp_path / "one", "--processes", "1", "--batch", "32")
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> Path:
+    """One process at batch 32 for the default 3 epochs: the reference of two
+    processes at batch 16, made once for the tests of this module."""
+    directory = tmp_path_factory.mktemp("one-process")
+    done = run(directory, "--processes", "1", "--batch", "32", "--epochs", "3")
+    assert done.returncode == 0, done.stderr
+    return directory
+
+
+def test_two_processes_at_batch_b_match_one_process_at_batch_2b(tmp_path, one_process):
     two = run(tmp_path / "two", "--processes", "2", "--batch", "16")
-    assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     for split in ("train", "valid"):
         for epoch in (1, 2, 3):
@@ -47,7 +55,7 @@ def test_two_processes_at_batch_b_match_one_process_at_batch_2b(tmp_path):
                     tuple(map(float, l.split(",")))
                     for l in (d / split / f"epoch-{epoch}" / f"{name}.log").read_text().splitlines()
                 ]
-                a, b = lines(tmp_path / "one"), lines(tmp_path / "two")
+                a, b = lines(one_process), lines(tmp_path / "two")
                 assert (
                     sum(w for _, w in a)
                     == sum(w for _, w in b)
@@ -55,23 +63,21 @@ def test_two_processes_at_batch_b_match_one_process_at_batch_2b(tmp_path):
                 )
                 mean = lambda rows: sum(v * w for v, w in rows) / sum(w for _, w in rows)
                 assert abs(mean(a) - mean(b)) <= 1e-5 * max(1.0, abs(mean(a))), (split, epoch, name)
-    for name, value in final(tmp_path / "one").items():
+    for name, value in final(one_process).items():
         torch.testing.assert_close(final(tmp_path / "two")[name], value, rtol=1e-5, atol=1e-6)
     log = (tmp_path / "two" / "experiment.log").read_text()
     assert "2 processes (gloo), rank 0 writes the artifacts" in log
     assert not (tmp_path / "two" / ".lock").exists()
 
 
-def test_resume_with_a_different_number_of_processes(tmp_path):
-    straight = run(tmp_path / "straight", "--processes", "1", "--batch", "32", "--epochs", "3")
-    assert straight.returncode == 0, straight.stderr
+def test_resume_with_a_different_number_of_processes(tmp_path, one_process):
     first = run(tmp_path / "resumed", "--processes", "2", "--batch", "16", "--epochs", "2")
     assert first.returncode == 0, first.stderr
     second = run(
         tmp_path / "resumed", "--processes", "1", "--batch", "32", "--epochs", "3", "--resume"
     )
     assert second.returncode == 0, second.stderr
-    for name, value in final(tmp_path / "straight").items():
+    for name, value in final(one_process).items():
         torch.testing.assert_close(final(tmp_path / "resumed")[name], value, rtol=1e-5, atol=1e-6)
 
 

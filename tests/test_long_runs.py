@@ -31,13 +31,10 @@ SCRIPT = BLOBS_SCRIPT
 DDP_SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> Path:
+@pytest.fixture
+def straight(blob_straight) -> Path:
     """The reference: the same run, never interrupted."""
-    directory = tmp_path_factory.mktemp("straight")
-    done = run_script(SCRIPT, str(directory), timeout=120)
-    assert done.returncode == 0, done.stderr
-    return directory
+    return blob_straight
 
 
 def stop_reasons(directory: Path) -> list[dict]:

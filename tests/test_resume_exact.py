@@ -14,8 +14,11 @@ from ember.train.logger import read_metric_log
     [(), ("--workers", "2"), ("--accumulation", "3")],
     ids=["plain", "workers", "accumulation"],
 )
-def test_sigterm_mid_epoch_then_resume_latest_equals_an_uninterrupted_run(tmp_path, options):
-    straight, resumed = stopped_and_resumed(tmp_path, *options)
+def test_sigterm_mid_epoch_then_resume_latest_equals_an_uninterrupted_run(
+    tmp_path, options, request
+):
+    reference = None if options else request.getfixturevalue("blob_straight")
+    straight, resumed = stopped_and_resumed(tmp_path, *options, straight=reference)
     assert_same_state(final_weights(straight), final_weights(resumed))
     # the resumed epoch's logs continue where they stopped: same lines as the straight run
     for split, name in (("train", "Loss.log"), ("train", "Accuracy.log"), ("valid", "Loss.log")):
