@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T", bound="_Text")
 
 
 class StopReason(str, enum.Enum):
@@ -51,7 +53,18 @@ class EarlyStopRule(str, enum.Enum):
     """A strategy of your own that returned plain text."""
 
 
-class EarlyStop(str):
+class _Text(str):
+    """A text (what is shown, compared and parsed) that carries its details as
+    attributes."""
+
+    def __new__(cls: type[_T], text: str, **details: Any) -> _T:
+        made = super().__new__(cls, text)
+        for name, value in details.items():
+            setattr(made, name, value)
+        return made
+
+
+class EarlyStop(_Text):
     """An early stopping decision: its text (what `should_stop` returns) with the rule
     that fired, the monitored metric (`split_name`, `metric`), the epoch and value that
     decided, and the threshold or best value it was compared with."""
@@ -66,6 +79,16 @@ class EarlyStop(str):
     value: float | None
     reference: float | None
 
+    _KEYS = {
+        "split": "split_name",
+        "metric": "metric",
+        "epoch": "epoch",
+        "iteration": "iteration",
+        "value": "value",
+        "reference": "reference",
+    }
+    """The details, as `history.jsonl` names them (key -> attribute)."""
+
     def __new__(
         cls,
         text: str,
@@ -78,12 +101,28 @@ class EarlyStop(str):
         value: float | None = None,
         reference: float | None = None,
     ) -> EarlyStop:
-        decision = super().__new__(cls, text)
-        decision.rule = EarlyStopRule(rule)
-        decision.split_name, decision.metric, decision.epoch = split, metric, epoch
-        decision.iteration = iteration
-        decision.value, decision.reference = value, reference
-        return decision
+        return super().__new__(
+            cls,
+            text,
+            rule=EarlyStopRule(rule),
+            split_name=split,
+            metric=metric,
+            epoch=epoch,
+            iteration=iteration,
+            value=value,
+            reference=reference,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The rule and the details that are known, for `history.jsonl` (a value that
+        is not finite as its repr: "nan", "inf")."""
+        data: dict[str, Any] = {"rule": self.rule.value}
+        for key, attribute in self._KEYS.items():
+            value = getattr(self, attribute)
+            if value is not None:
+                finite = not isinstance(value, float) or math.isfinite(value)
+                data[key] = value if finite else repr(value)
+        return data
 
     @classmethod
     def of(cls, decision: str) -> EarlyStop:
@@ -91,7 +130,7 @@ class EarlyStop(str):
         return decision if isinstance(decision, EarlyStop) else cls(decision, EarlyStopRule.CUSTOM)
 
 
-class Outcome(str):
+class Outcome(_Text):
     """How a run ended: the text, with `reason` (a `StopReason`), `early_stop` (the
     decision, when early stopping ended it) and `signal` (its number, for SIGNAL)."""
 
@@ -107,11 +146,9 @@ class Outcome(str):
         early_stop: EarlyStop | None = None,
         signal: int | None = None,
     ) -> Outcome:
-        outcome = super().__new__(cls, text)
-        outcome.reason = StopReason(reason)
-        outcome.early_stop = early_stop
-        outcome.signal = signal
-        return outcome
+        return super().__new__(
+            cls, text, reason=StopReason(reason), early_stop=early_stop, signal=signal
+        )
 
     @classmethod
     def completed(cls) -> Outcome:
@@ -172,19 +209,6 @@ class Outcome(str):
         data: dict[str, Any] = {"reason": self.reason.value}
         if self.signal is not None:
             data["signal"] = self.signal
-        early = self.early_stop
-        if early is not None:
-            data["rule"] = early.rule.value
-            for key, attribute in (
-                ("split", "split_name"),
-                ("metric", "metric"),
-                ("epoch", "epoch"),
-                ("iteration", "iteration"),
-                ("value", "value"),
-                ("reference", "reference"),
-            ):
-                value = getattr(early, attribute)
-                if value is not None:
-                    finite = not isinstance(value, float) or math.isfinite(value)
-                    data[key] = value if finite else repr(value)
+        if self.early_stop is not None:
+            data.update(self.early_stop.to_json())
         return data
