@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 
 import pytest
-from ember_testing import BlobBatcher, BlobDataset, run_blobs
+from ember_testing import BlobBatcher, BlobDataset, run_blobs_here
 
 
 @pytest.fixture
@@ -51,9 +51,8 @@ def one_thread():
 @pytest.fixture(scope="session")
 def blob_straight(tmp_path_factory) -> Path:
     """The directory of one uninterrupted run of tests/scripts/train_blobs.py (default
-    options): the reference that the script's stopped, killed and resumed runs must end
-    like. Made once for the whole session."""
+    options, in this process): the reference that the script's stopped, killed and
+    resumed runs must end like. Made once for the whole session."""
     directory = tmp_path_factory.mktemp("blob-straight")
-    done = run_blobs(directory)
-    assert done.returncode == 0, done.stderr
+    assert run_blobs_here(directory) == 0
     return directory

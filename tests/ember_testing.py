@@ -210,42 +210,40 @@ def sigterm_midway(directory: Path, *extra: str) -> subprocess.CompletedProcess:
     return sigterm_when(BLOBS_SCRIPT, [str(directory), "--sleep", "0.01", *extra], log)
 
 
+def run_blobs_here(directory: Path, *extra: str) -> int:
+    """The blob script's run in this process (no interpreter to start): the same code,
+    seeds and thread count as `run_blobs`, for an uninterrupted reference run. Returns
+    its exit code; this process's thread count is restored after."""
+    script = sys.modules.get("train_blobs_here") or load_example(BLOBS_SCRIPT, "train_blobs_here")
+    threads = torch.get_num_threads()
+    try:
+        return script.main([str(directory), *extra])
+    finally:
+        torch.set_num_threads(threads)
+
+
 def stopped_and_resumed(
     root: Path, *options: str, straight: Path | None = None
 ) -> tuple[Path, Path]:
     """A blob run straight through, and the same run stopped by SIGTERM inside epoch 2
     and resumed from its latest checkpoint (`root/resumed`). The straight run is
     `straight` when given (one made with the same options), else `root/straight`, run
-    beside the other. Checked on the way: the exit codes (0; 143 then 0), the stop's
+    in this process. Checked on the way: the exit codes (0; 143 then 0), the stop's
     message, its mid-epoch checkpoint and no final model, and the resumed run saying
     where it resumed."""
-    resumed = root / "resumed"
-    beside = None
     if straight is None:
         straight = root / "straight"
-        beside = subprocess.Popen(
-            [sys.executable, str(BLOBS_SCRIPT), str(straight), *options],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-    try:
-        stopped = sigterm_midway(resumed, *options)
-        assert stopped.returncode == 143, stopped.stderr  # 128 + SIGTERM: a scheduler sees it
-        assert "training stopped: terminated by SIGTERM" in stopped.stdout
-        assert not (resumed / "final.mpk").exists()
-        assert "Checkpoint of epoch 2, iteration" in (resumed / "experiment.log").read_text()
-        again = run_blobs(resumed, "--resume", *options)
-        assert again.returncode == 0, again.stderr
-        log = (resumed / "experiment.log").read_text()
-        assert "Resumed from the checkpoint of epoch 2, iteration" in log
-        if beside is not None:
-            _, err = beside.communicate(timeout=120)
-            assert beside.returncode == 0, err
-    finally:
-        if beside is not None and beside.poll() is None:
-            beside.kill()
-            beside.communicate()
+        assert run_blobs_here(straight, *options) == 0
+    resumed = root / "resumed"
+    stopped = sigterm_midway(resumed, *options)
+    assert stopped.returncode == 143, stopped.stderr  # 128 + SIGTERM: a scheduler sees it
+    assert "training stopped: terminated by SIGTERM" in stopped.stdout
+    assert not (resumed / "final.mpk").exists()
+    assert "Checkpoint of epoch 2, iteration" in (resumed / "experiment.log").read_text()
+    again = run_blobs(resumed, "--resume", *options)
+    assert again.returncode == 0, again.stderr
+    log = (resumed / "experiment.log").read_text()
+    assert "Resumed from the checkpoint of epoch 2, iteration" in log
     return straight, resumed
 
 

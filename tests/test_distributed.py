@@ -23,6 +23,31 @@ def run(directory: Path, *args: str, timeout: float = 240) -> subprocess.Complet
     return run_script(SCRIPT, str(directory), *args, timeout=timeout)
 
 
+def run_together(*runs: tuple[Path, tuple[str, ...]]) -> list[subprocess.CompletedProcess]:
+    """Several runs of the script at once, each `(directory, args)`: a one-process
+    reference beside the run it is compared with."""
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), str(directory), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for directory, args in runs
+    ]
+    try:
+        outputs = [process.communicate(timeout=240) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    return [
+        subprocess.CompletedProcess(process.args, process.returncode, out, err)
+        for process, (out, err) in zip(processes, outputs)
+    ]
+
+
 def epoch_values(directory: Path) -> dict[tuple[str, str], tuple[float, float]]:
     return {
         (m.split, m.name): (m.minimum, m.maximum)
@@ -93,8 +118,10 @@ def test_token_means_on_two_processes_match_one_batch(tmp_path, strategy):
     # Losses are means over a varying number of tokens per batch: the gradient of the
     # token mean needs each batch weighted by its tokens over every process's total.
     mlp = ("--mlp",) if "--mlp" in strategy else ()
-    one = run(tmp_path / "one", "--processes", "1", "--batch", "32", "--token-mean", *mlp)
-    two = run(tmp_path / "two", "--processes", "2", "--token-mean", *strategy)
+    one, two = run_together(
+        (tmp_path / "one", ("--processes", "1", "--batch", "32", "--token-mean", *mlp)),
+        (tmp_path / "two", ("--processes", "2", "--token-mean", *strategy)),
+    )
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     for name, value in final(tmp_path / "one").items():
@@ -108,18 +135,13 @@ def test_token_means_on_two_processes_match_one_batch(tmp_path, strategy):
 def test_a_nan_on_one_rank_skips_the_step_on_every_rank(tmp_path):
     common = ("--skip-nonfinite", "--nan-step", "3", "--epochs", "1")
     # The reference: one process at batch 32 whose third step has the NaN (and is skipped).
-    one = run(tmp_path / "one", "--processes", "1", "--batch", "32", "--nan-rank", "0", *common)
     # Two processes at batch 16: only rank 1 sees the NaN in its third step.
-    two = run(
-        tmp_path / "two",
-        "--processes",
-        "2",
-        "--batch",
-        "16",
-        "--nan-rank",
-        "1",
-        "--save-every-rank",
-        *common,
+    one, two = run_together(
+        (tmp_path / "one", ("--processes", "1", "--batch", "32", "--nan-rank", "0", *common)),
+        (
+            tmp_path / "two",
+            ("--processes", "2", "--batch", "16", "--nan-rank", "1", "--save-every-rank", *common),
+        ),
     )
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr

@@ -44,7 +44,8 @@ class Slow(Classifier):
         return super().train_step(batch)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """The run; `argv` (the command line without the program) defaults to sys.argv."""
     parser = argparse.ArgumentParser()
     parser.add_argument("dir")
     parser.add_argument("--epochs", type=int, default=3)
@@ -62,7 +63,7 @@ def main() -> int:
     parser.add_argument("--requeue-log", default=None)
     parser.add_argument("--every-steps", type=int, default=None)
     parser.add_argument("--max-minutes", type=float, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     # tiny ops: one thread is faster, and several runs of the script side by side do
     # not fight over the cores (the runs a test compares all take this path)
