@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ember_testing import run_script
+from ember_testing import load_example, run_script
 
 from ember.record import DefaultRecorder
 from ember.train.summary import LearnerSummary
@@ -23,29 +23,19 @@ def run(directory: Path, *args: str, timeout: float = 240) -> subprocess.Complet
     return run_script(SCRIPT, str(directory), *args, timeout=timeout)
 
 
-def run_together(*runs: tuple[Path, tuple[str, ...]]) -> list[subprocess.CompletedProcess]:
-    """Several runs of the script at once, each `(directory, args)`: a one-process
-    reference beside the run it is compared with."""
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(directory), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for directory, args in runs
-    ]
+def run_here(directory: Path, *args: str) -> int:
+    """The script's run in this process, for a one-process reference (no interpreter
+    to start): the same code and seeds; its exit code. This process's thread count is
+    restored after."""
+    script = sys.modules.get("train_ddp_here") or load_example(SCRIPT, "train_ddp_here")
+    threads = torch.get_num_threads()
     try:
-        outputs = [process.communicate(timeout=240) for process in processes]
+        script.main([str(directory), "--processes", "1", *args])
+    except SystemExit as end:
+        return int(end.code or 0)
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
-    return [
-        subprocess.CompletedProcess(process.args, process.returncode, out, err)
-        for process, (out, err) in zip(processes, outputs)
-    ]
+        torch.set_num_threads(threads)
+    return 0
 
 
 def epoch_values(directory: Path) -> dict[tuple[str, str], tuple[float, float]]:
@@ -65,8 +55,7 @@ def one_process(tmp_path_factory) -> Path:
     """One process at batch 32 for the default 3 epochs: the reference of two
     processes at batch 16, made once for the tests of this module."""
     directory = tmp_path_factory.mktemp("one-process")
-    done = run(directory, "--processes", "1", "--batch", "32", "--epochs", "3")
-    assert done.returncode == 0, done.stderr
+    assert run_here(directory, "--batch", "32", "--epochs", "3") == 0
     return directory
 
 
@@ -98,10 +87,7 @@ def test_two_processes_at_batch_b_match_one_process_at_batch_2b(tmp_path, one_pr
 def test_resume_with_a_different_number_of_processes(tmp_path, one_process):
     first = run(tmp_path / "resumed", "--processes", "2", "--batch", "16", "--epochs", "2")
     assert first.returncode == 0, first.stderr
-    second = run(
-        tmp_path / "resumed", "--processes", "1", "--batch", "32", "--epochs", "3", "--resume"
-    )
-    assert second.returncode == 0, second.stderr
+    assert run_here(tmp_path / "resumed", "--batch", "32", "--epochs", "3", "--resume") == 0
     for name, value in final(one_process).items():
         torch.testing.assert_close(final(tmp_path / "resumed")[name], value, rtol=1e-5, atol=1e-6)
 
@@ -118,11 +104,8 @@ def test_token_means_on_two_processes_match_one_batch(tmp_path, strategy):
     # Losses are means over a varying number of tokens per batch: the gradient of the
     # token mean needs each batch weighted by its tokens over every process's total.
     mlp = ("--mlp",) if "--mlp" in strategy else ()
-    one, two = run_together(
-        (tmp_path / "one", ("--processes", "1", "--batch", "32", "--token-mean", *mlp)),
-        (tmp_path / "two", ("--processes", "2", "--token-mean", *strategy)),
-    )
-    assert one.returncode == 0, one.stderr
+    assert run_here(tmp_path / "one", "--batch", "32", "--token-mean", *mlp) == 0
+    two = run(tmp_path / "two", "--processes", "2", "--token-mean", *strategy)
     assert two.returncode == 0, two.stderr
     for name, value in final(tmp_path / "one").items():
         torch.testing.assert_close(final(tmp_path / "two")[name], value, rtol=0, atol=1e-6)
@@ -135,15 +118,19 @@ def test_token_means_on_two_processes_match_one_batch(tmp_path, strategy):
 def test_a_nan_on_one_rank_skips_the_step_on_every_rank(tmp_path):
     common = ("--skip-nonfinite", "--nan-step", "3", "--epochs", "1")
     # The reference: one process at batch 32 whose third step has the NaN (and is skipped).
+    assert run_here(tmp_path / "one", "--batch", "32", "--nan-rank", "0", *common) == 0
     # Two processes at batch 16: only rank 1 sees the NaN in its third step.
-    one, two = run_together(
-        (tmp_path / "one", ("--processes", "1", "--batch", "32", "--nan-rank", "0", *common)),
-        (
-            tmp_path / "two",
-            ("--processes", "2", "--batch", "16", "--nan-rank", "1", "--save-every-rank", *common),
-        ),
+    two = run(
+        tmp_path / "two",
+        "--processes",
+        "2",
+        "--batch",
+        "16",
+        "--nan-rank",
+        "1",
+        "--save-every-rank",
+        *common,
     )
-    assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     ranks = [DefaultRecorder().load(None, tmp_path / "two" / f"rank-{r}") for r in (0, 1)]
     for name, value in final(tmp_path / "one").items():

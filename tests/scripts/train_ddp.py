@@ -106,7 +106,7 @@ class Linear(nn.Module):
         return self.classify(batch)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("dir")
     parser.add_argument("--processes", type=int, default=2)
@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument("--skip-nonfinite", action="store_true")
     parser.add_argument("--save-every-rank", action="store_true")
     parser.add_argument("--token-mean", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
     ember.seed(3)
