@@ -535,6 +535,7 @@ class Learner:
                     ok = manual.ok
                     if iteration == check:
                         self._check_output(processor, output, epoch, manual=True)
+                        self._check_metrics(processor, output, epoch)
                 else:
                     with optim.autocast():
                         output = call_step(forward, batch, "train_step", epoch, iteration)
@@ -549,6 +550,8 @@ class Learner:
                         share = token_weight(output.item, iteration)
                         tokens = tokens + share
                     optim.backward(output.loss, share)
+                    if iteration == check:
+                        self._check_metrics(processor, output, epoch)
             if index == last and self._token_mean:
                 optim.rescale(tokens, self.dist)  # by the group's tokens on every process
             if index == last and finite:
@@ -565,10 +568,10 @@ class Learner:
     def _check_output(
         self, processor: MetricsProcessor, output: Any, epoch: int, manual: bool = False
     ) -> None:
-        """The first training output of the fit: its type, its loss, what metrics read."""
+        """The first training output of the fit, before its backward: its type, its
+        loss, how its loss is weighted."""
         self._output_checked = True
         check_train_output(self.model, output, manual)
-        processor.check("train", output.item, epoch)
         self._token_mean = loss_weight(output.item) is not None
         if self._token_mean and manual and self.options.grads_accumulation > 1:
             raise TrainingError(
@@ -577,12 +580,18 @@ class Learner:
                 "grads_accumulation cannot be weighted by them. Accumulate without "
                 "'token_mean' (each batch weighs its samples), or do not accumulate."
             )
-        hint = summed_loss_hint(output.item)
-        if hint is not None:
-            log.warning("%s", hint)
         guard = self.guard
         if not manual and guard.policy == "stop":  # the loss metric's values stand guard
             guard.covered = processor.watch_loss(output.item, output.loss, guard.nonfinite)
+
+    def _check_metrics(self, processor: MetricsProcessor, output: Any, epoch: int) -> None:
+        """The first training output of the fit, once its backward freed the graph (its
+        activations no longer take memory) and before the first optimizer step: what
+        the metrics read, and whether the loss looks summed."""
+        processor.check("train", output.item, epoch)
+        hint = summed_loss_hint(output.item)
+        if hint is not None:
+            log.warning("%s", hint)
 
     def _step_optimizer(self, finite: bool, epoch: int) -> None:
         """Step, or skip the step of a group with a non-finite loss. Under "skip" with
