@@ -256,3 +256,15 @@ def test_the_first_outputs_metric_checks_run_once_backward_freed_the_graph(tmp_p
     # The first output's check: gradients computed, weights not yet stepped. Then
     # each step's own update (after the step of its group, the weights have moved).
     assert metric.seen == [(True, True), (True, True), (True, False), (True, False)]
+
+
+def test_values_of_any_single_number_shape_reach_the_host(monkeypatch):
+    """A metric may return its value as a 0-d or a [1] tensor, of any dtype."""
+    stand_in = StandIn(quick=False)
+    stand_in.install(monkeypatch)
+    copies = host.HostCopies()
+    values = [torch.tensor(2.5), torch.tensor([3]), torch.tensor([[1.5]], dtype=torch.bfloat16), 7]
+    assert copies.launch(values, scalars=True).values() == [2.5, 3, 1.5, 7]
+    grid = torch.arange(6).reshape(2, 3)
+    assert copies.launch([grid, torch.tensor(1.0)]).values() == [[[0, 1, 2], [3, 4, 5]], 1.0]
+    assert len(stand_in.waits) == 2  # one per transfer, whatever it holds

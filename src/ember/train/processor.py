@@ -220,7 +220,7 @@ class MetricsProcessor:
                     tensors.append(weight)
             state.pending = []
         if batch:
-            self._in_flight.append((batch, self._copies.launch(tensors)))
+            self._in_flight.append((batch, self._copies.launch(tensors, scalars=True)))
 
     def _arrived(self, wait: bool = False) -> list[MetricRecord]:
         """The records of the launched values that reached the host, in order (`wait`:
@@ -411,7 +411,7 @@ class MetricsProcessor:
         # One wait for it all: the epoch values computed on the device are copied after
         # the split's last metric values, so once they are here, everything is.
         on_device = [value for value in own if isinstance(value, Tensor)]
-        arrived = iter(self._copies.launch(on_device).values())
+        arrived = iter(self._copies.launch(on_device, scalars=True).values())
         own = [next(arrived) if isinstance(value, Tensor) else value for value in own]
         records = self._arrived(wait=True)
         self._publish(records, dist)
