@@ -78,6 +78,9 @@ def describe_run(learner: Any, info: RunInfo) -> str:
     fsdp = learner.options.fsdp
     if dist is not None and fsdp is not None:
         extras.append(f"parameters sharded (FSDP; {fsdp.describe()})")
+    length = getattr(learner, "train_for", None)
+    if length is not None:  # the epochs shown are where the length should end
+        extras.insert(0, f"training for {length} ({learner.progress_text()} done)")
     accumulation = str(learner.grads_accumulation)
     split = optim.micro_split
     if split is not None:

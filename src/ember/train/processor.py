@@ -58,6 +58,8 @@ class MetricsProcessor:
         self._restore: tuple[list[dict[str, Any]], Any] | None = None
         self._loss_state: MetricState | None = None
         self._on_nonfinite: Callable[[int, int, float], None] | None = None
+        self.run_progress: Callable[[], str] | None = None
+        """The run's progress in the unit of its length, for `Progress.run`."""
         self.matrices: dict[str, list[list[int]]] = {}
         """The count matrices of the split that ended last (matrix metrics such as the
         confusion matrix), by metric name; under several processes, rank 0's covers
@@ -181,6 +183,7 @@ class MetricsProcessor:
             self._num_iterations,
             self._items,
             time.monotonic() - self._started,
+            self.run_progress() if self.run_progress is not None else "",
         )
 
     def _drain(self) -> list[MetricRecord]:
