@@ -67,7 +67,8 @@ def describe_run(learner: Any, info: RunInfo) -> str:
         extras.append(f"compiled ({options or 'torch.compile defaults'})")
     every = learner.options.valid_every
     if every is not None:
-        extras.append(f"validation every {every} optimizer steps")
+        unit = "optimizer steps" if isinstance(every, int) else ""
+        extras.append(f"validation every {every} {unit}".rstrip())
     for split, limit in zip(("train", "valid"), learner.options.limit_batches):
         if limit is not None:
             share = f"{limit:.0%}" if isinstance(limit, float) else str(limit)

@@ -42,10 +42,10 @@ _ALIASES = {
     "token": "tokens",
     "tokens": "tokens",
 }
-_SCALES = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+_SCALES = {"k": 10**3, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 _GRAMMAR = re.compile(
-    r"^\s*(?P<number>[0-9][0-9_]*(?:\.[0-9]+)?(?:[eE][+]?[0-9]+)?)\s*(?P<scale>[kKMBGT]?)"
-    r"\s*(?P<unit>[A-Za-z]+)\s*$"
+    r"^\s*(?P<number>[0-9][0-9_]*(?:\.[0-9]+)?(?:[eE][+]?[0-9]+)?)\s*(?P<word>[A-Za-z]+)"
+    r"(?:\s+(?P<unit>[A-Za-z]+))?\s*$"
 )
 FORMS = (
     "a number and a unit: '10ep' or '10 epochs', '5000steps' or '5000ba', '2M samples' "
@@ -103,10 +103,12 @@ class Duration:
         if not isinstance(text, str):
             raise ConfigError(f"{what} takes a Duration or a string, got {text!r}; write {FORMS}.")
         match = _GRAMMAR.match(text)
-        unit = _ALIASES.get(match.group("unit").lower()) if match else None
+        scale, unit = (
+            _scale_and_unit(match.group("word"), match.group("unit")) if match else (0, None)
+        )
         if match is None or unit is None:
             raise ConfigError(f"{what}: cannot read {text!r} as a duration; write {FORMS}.")
-        number = float(match.group("number").replace("_", "")) * _SCALES[match.group("scale")]
+        number = float(match.group("number").replace("_", "")) * scale
         if not math.isfinite(number) or not number.is_integer() or number < 1:
             raise ConfigError(
                 f"{what}: {text!r} is not a whole number >= 1 of {unit}; write {FORMS}."
@@ -117,12 +119,22 @@ class Duration:
         return f"{self.value:,} {self.unit if self.value != 1 else self.unit[:-1]}"
 
 
+def _scale_and_unit(word: str, unit: str | None) -> tuple[int, str | None]:
+    """The multiplier and the unit of "M samples", "Msamples" or "samples"."""
+    if unit is not None:  # a multiplier, then the unit
+        return _SCALES.get(word, 0), _ALIASES.get(unit.lower()) if word in _SCALES else None
+    if word.lower() in _ALIASES:
+        return 1, _ALIASES[word.lower()]
+    if word[0] in _SCALES:
+        return _SCALES[word[0]], _ALIASES.get(word[1:].lower())
+    return 0, None
+
+
 def short_count(value: int) -> str:
-    """`value` in a few digits: 950, 12.5k, 1.2M, 3B."""
+    """`value` in three significant digits: 950, 12.5k, 1.02M, 3B."""
     for scale, suffix in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "k")):
-        if value >= scale:
-            text = f"{value / scale:.1f}".rstrip("0").rstrip(".")
-            return f"{text}{suffix}"
+        if value >= scale - scale // 2000:  # 999,999 is 1M, not 1e+03k
+            return f"{value / scale:.3g}{suffix}"
     return str(value)
 
 

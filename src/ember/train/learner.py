@@ -461,6 +461,8 @@ class Learner:
         self.total_steps, last_epoch = self._run_steps(train, self.steps_per_epoch, start)
         if self.train_for is not None:
             self.num_epochs = max(start.epoch, last_epoch or start.epoch)
+            if self.points is not None:
+                self.points.num_epochs = self.num_epochs
         if self.optim.lr.pending is not None and self.total_steps is None:
             why = "the training loader has no length"
             if self.train_for is not None and self.train_for.unit == "samples":
@@ -491,6 +493,8 @@ class Learner:
                 break
             if epoch > self.num_epochs:  # a length in steps, samples or tokens runs on
                 self.num_epochs = processor.num_epochs = epoch
+                if self.points is not None:
+                    self.points.num_epochs = epoch
             self.epoch = epoch
             self._emit(StartEpoch(epoch, self.num_epochs))
             self._hook("on_epoch_start", epoch)
