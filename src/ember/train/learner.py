@@ -193,8 +193,10 @@ class Learner:
         """`(steps_per_epoch, total_steps)` that `fit(train, ...)` will take: optimizer
         steps per epoch on the process with the most batches (under several processes
         each takes its share of the batches) and over the whole run, under the batch
-        limit (`limit_batches`). What an "auto" step count of a scheduler config is
-        resolved from. None when the loader has no length (and no count limits it)."""
+        limit (`limit_batches`); for a run whose length (`train_for`) is in steps, those,
+        and in samples, the steps that reach them. What an "auto" step count of a
+        scheduler config is resolved from. None when the loader has no length (and no
+        count limits it), or, for the run's steps, when its length is in tokens."""
         world = world_size(self.devices)
         shard = (0, world) if world > 1 else None
         limit = self.options.limit_batches[0]
@@ -507,10 +509,10 @@ class Learner:
             if valid is not None:
                 epoch_values["valid"] = self._valid_epoch(processor, valid, epoch)
             reason = self._end_epoch(epoch, epoch_values)
+            if self._ended:  # the run's length was reached: it completed, whatever else
+                break
             if reason is not None:
                 return reason
-            if self._ended:
-                break
         return Outcome.completed()
 
     def _train_epoch(
