@@ -337,6 +337,17 @@ def test_an_auto_schedule_ends_on_the_last_step_of_a_sample_length(tmp_path, loa
     assert rates[0] == 0.5 and rates[-1] == 0.01
 
 
+def test_an_auto_schedule_needs_the_samples_of_each_step(tmp_path, loaders):
+    batches = list(loaders[0])  # a list of batches tells no batch size
+    schedule = CosineAnnealingLrSchedulerConfig(initial_lr=0.5, num_iters="auto")
+    learner = (
+        builder(tmp_path / "run").train_for("250sp").build(Classifier(), SgdConfig(), schedule)
+    )
+    with pytest.raises(TrainingError, match="does not tell its samples per step") as error:
+        learner.fit(batches)
+    assert "Give the schedule its step count instead" in str(error.value)
+
+
 def test_an_auto_schedule_with_a_token_length_asks_for_its_steps(tmp_path):
     schedule = CosineAnnealingLrSchedulerConfig(initial_lr=0.5, num_iters="auto")
     options = builder(tmp_path / "run").train_for("1B tokens")
