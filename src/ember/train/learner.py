@@ -166,6 +166,7 @@ class Learner:
         self.skipped_steps = 0
         """Optimizer steps skipped for a non-finite loss in this run (`nonfinite_loss("skip")`)."""
         self._token_mean = False
+        self._output_checked = False
         """The steps' losses are means over tokens: each batch's gradient is weighted by them."""
         self._fitted = False
         self._run_lock: RunLock | None = None
@@ -342,6 +343,7 @@ class Learner:
         then prepare the directory, open the log and make the loggers."""
         dist = self.dist
         main = dist is None or dist.main
+        self._output_checked = False
         check_not_empty(train, "training", "fit(train, ...)")
         if valid is not None:
             check_not_empty(valid, "validation", "fit(train) without validation data")
@@ -533,9 +535,10 @@ class Learner:
                 self._resume_logs(processor, start, resume.log_lines)
             processor.restore_epoch_states(resume.metric_states(dist), self.device)
         self.iteration, self.items, stop = start.iteration, start.items, False
+        check = 0 if self._output_checked else start.iteration + 1  # once a fit
         with join(self._ddp):
             for step in plan:
-                finite = self._train_step(processor, step, epoch, plan.total, start.iteration + 1)
+                finite = self._train_step(processor, step, epoch, plan.total, check)
                 self._step_optimizer(finite, epoch)
                 before = self.counters
                 voted = self._advance(step)
@@ -643,6 +646,7 @@ class Learner:
                     ok = manual.ok
                     if iteration == check:
                         self._check_output(processor, output, epoch, manual=True)
+                        self._check_metrics(processor, output, epoch)
                 else:
                     with optim.autocast():
                         output = call_step(forward, batch, "train_step", epoch, iteration)
@@ -657,6 +661,8 @@ class Learner:
                         share = token_weight(output.item, iteration)
                         tokens = tokens + share
                     optim.backward(output.loss, share)
+                    if iteration == check:
+                        self._check_metrics(processor, output, epoch)
             if index == last and self._token_mean:
                 optim.rescale(tokens, self.dist)  # by the group's tokens on every process
             if index == last and finite:
@@ -675,9 +681,10 @@ class Learner:
     def _check_output(
         self, processor: MetricsProcessor, output: Any, epoch: int, manual: bool = False
     ) -> None:
-        """The first training output of the run: its type, its loss, what metrics read."""
+        """The first training output of the fit, before its backward: its type, its
+        loss, how its loss is weighted."""
+        self._output_checked = True
         check_train_output(self.model, output, manual)
-        processor.check("train", output.item, epoch)
         self._token_mean = loss_weight(output.item) is not None
         if self._token_mean and manual and self.options.grads_accumulation > 1:
             raise TrainingError(
@@ -686,12 +693,18 @@ class Learner:
                 "grads_accumulation cannot be weighted by them. Accumulate without "
                 "'token_mean' (each batch weighs its samples), or do not accumulate."
             )
-        hint = summed_loss_hint(output.item)
-        if hint is not None:
-            log.warning("%s", hint)
         guard = self.guard
         if not manual and guard.policy == "stop":  # the loss metric's values stand guard
             guard.covered = processor.watch_loss(output.item, output.loss, guard.nonfinite)
+
+    def _check_metrics(self, processor: MetricsProcessor, output: Any, epoch: int) -> None:
+        """The first training output of the fit, once its backward freed the graph (its
+        activations no longer take memory) and before the first optimizer step: what
+        the metrics read, and whether the loss looks summed."""
+        processor.check("train", output.item, epoch)
+        hint = summed_loss_hint(output.item)
+        if hint is not None:
+            log.warning("%s", hint)
 
     def _step_optimizer(self, finite: bool, epoch: int) -> None:
         """Step, or skip the step of a group with a non-finite loss. Under "skip" with
