@@ -65,6 +65,8 @@ class MetricsProcessor:
         self._restore: tuple[list[dict[str, Any]], Any] | None = None
         self._loss_state: MetricState | None = None
         self._on_nonfinite: Callable[[int, int, float], None] | None = None
+        self.run_progress: Callable[[], str] | None = None
+        """The run's progress in the unit of its length, for `Progress.run`."""
         self._copies = host.HostCopies()
         self._in_flight: list[tuple[list[tuple[MetricState, list[Any]]], host.Transfer]] = []
         """Ticks' values on their way to the host, oldest first."""
@@ -203,6 +205,7 @@ class MetricsProcessor:
             self._num_iterations,
             self._items,
             time.monotonic() - self._started,
+            self.run_progress() if self.run_progress is not None else "",
         )
 
     def _launch(self) -> None:
