@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import sys
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
@@ -22,11 +21,11 @@ import torch
 from ember.data.device import to_device
 from ember.errors import TrainingError
 from ember.train.artifacts import Artifacts
-from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size, steps_to_reach
+from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size
 from ember.train.checkpoint.policy import CheckpointPolicy, Resume
 from ember.train.describe import describe_run, run_info
 from ember.train.distributed import Distributed, setup, world_size
-from ember.train.duration import Counters, Duration, crossed, short_count
+from ember.train.duration import Counters, Duration, crossed
 from ember.train.evaluator import Evaluator
 from ember.train.events import End, EndEpoch, ProcessedItem, Start, StartEpoch, StartSplit
 from ember.train.flops import FlopCount
@@ -54,6 +53,7 @@ from ember.train.position import Position
 from ember.train.preflight import check_not_empty, check_validation
 from ember.train.processor import MetricsProcessor
 from ember.train.renderer.silent import SilentRenderer
+from ember.train.run_length import RunLength
 from ember.train.run_record import end_session, record_start
 from ember.train.signals import signal_handlers
 from ember.train.smoke import SmokeReport, smoke_test
@@ -142,25 +142,12 @@ class Learner:
         self.epoch = 0
         self.iteration = 0
         self.items = 0
-        self.train_for: Duration | None = options.train_for
-        """The run's length in steps, samples or tokens (None: `num_epochs` epochs)."""
-        self.counters = Counters()
-        """The optimizer steps, samples and tokens (every process's) of the run so far."""
-        self._counts_tokens = any(
-            isinstance(d, Duration) and d.unit == "tokens"
-            for d in (options.train_for, options.valid_every, options.checkpoint_every)
+        self.length = RunLength(
+            options.train_for,
+            options.num_epochs,
+            (options.valid_every, options.checkpoint_every),
         )
-        self._uses_counts = self._counts_tokens or any(
-            isinstance(d, Duration)
-            for d in (options.train_for, options.valid_every, options.checkpoint_every)
-        )
-        """A length or cadence counts steps, samples or tokens over the run."""
-        self._step_tokens: int | torch.Tensor = 0
-        """Tokens of the step running (counted only when a duration is in tokens)."""
-        self._tokens_pending: int | torch.Tensor = 0
-        """Tokens of this process not yet summed over the processes."""
-        self._ended = False
-        """The run's length (`train_for`) was reached."""
+        """The run's length (`train_for`, else `num_epochs` epochs) and its counters."""
         self._final_state: tuple[Any, Any] | None = None
         """Metric log lines and states of an epoch the run's length ended inside."""
         self.skipped_steps = 0
@@ -203,30 +190,22 @@ class Learner:
         limit = self.options.limit_batches[0]
         planner = BatchPlanner(train, self.grads_accumulation, shard, limit)
         per_epoch = planner.steps_per_epoch()
-        return per_epoch, self._run_steps(planner, per_epoch, Position(1, fresh=True))[0]
+        return per_epoch, self.length.steps(planner, per_epoch, Position(1, fresh=True))[0]
 
-    def _run_steps(
-        self, planner: BatchPlanner, per_epoch: int | None, start: Position
-    ) -> tuple[int | None, int | None]:
-        """`(total_steps, last_epoch)` of the run from `start`: its optimizer steps, and
-        the epoch it ends in (None where the loader does not tell them). A run resumed
-        with another batch size counts the steps left from an epoch's start."""
-        length, done = self.train_for, start.counters
-        if length is None:
-            return (None if per_epoch is None else per_epoch * self.num_epochs), self.num_epochs
-        before = start.epoch - 1
-        if length.unit == "steps":
-            left = max(0, length.value - done.steps)
-            epochs = None if not per_epoch else before + max(1, math.ceil(left / per_epoch))
-            return length.value, epochs
-        if length.unit == "samples":
-            per_step = planner.step_samples()
-            reach = (
-                None if per_step is None else steps_to_reach(length.value - done.samples, per_step)
-            )
-            if reach is not None:
-                return done.steps + reach[0], before + max(1, reach[1])
-        return None, None
+    @property
+    def train_for(self) -> Duration | None:
+        """The run's length in steps, samples or tokens (None: `num_epochs` epochs)."""
+        return self.length.train_for
+
+    @property
+    def counters(self) -> Counters:
+        """The optimizer steps, samples and tokens (every process's) of the run so far."""
+        return self.length.counters
+
+    def progress_text(self) -> str:
+        """The run's progress in the unit of its length, e.g. "samples 1.2M/5M" (empty
+        for a length in epochs)."""
+        return self.length.progress_text()
 
     @property
     def history(self) -> list[tuple[int, EpochValues]]:
@@ -356,7 +335,7 @@ class Learner:
         if valid is not None:
             valid_plan = BatchPlanner(valid, 1, shard, valid_limit)
             valid_plan.check_limit("validation", "valid")
-        self.counters = resume.position.counters
+        self.length.counters = resume.position.counters
         notes = self._count_steps(train_plan, resume.position)
         self.optim.lr.check_monitor(
             {split: [entry.name for entry in entries] for split, entries in self.metrics.items()}
@@ -373,7 +352,7 @@ class Learner:
             app_log.install()
         if main and self._run_lock is not None and self._run_lock.takeover_message:
             notes.append(self._run_lock.takeover_message)
-        complete = self._finished(resume.position)  # a finished run: nothing to show
+        complete = self.length.finished(resume.position)  # a finished run: nothing to show
         renderer = self.renderer if main and not complete else SilentRenderer()
         loggers = self._loggers(main)
         return _Run(main, resume, train_plan, valid_plan, notes, loggers, renderer, app_log)
@@ -405,7 +384,7 @@ class Learner:
         if run.main:
             record_start(self.artifacts, start.epoch, not start.fresh, hparams)
         self.run_history.describe_model(info.model_name, info.num_parameters)
-        if self._finished(start) and self.train_for is not None:
+        if self.length.finished(start) and self.train_for is not None:
             self.epoch = start.epoch - (0 if start.iteration else 1)
             log.warning(
                 "The run is already complete: its checkpoint has %s and train_for is %s, so "
@@ -414,7 +393,7 @@ class Learner:
                 f"{start.counters.of(self.train_for.unit):,} {self.train_for.unit}",
                 self.train_for,
             )
-        elif self._finished(start):
+        elif self.length.finished(start):
             self.epoch = start.epoch - 1
             log.warning(
                 "The run is already complete: its checkpoint is at the end of epoch %d and "
@@ -451,18 +430,12 @@ class Learner:
             log.exception("Training failed at %s.", where)
         return outcome
 
-    def _finished(self, start: Position) -> bool:
-        """A run resumed at `start` has nothing left to train."""
-        if self.train_for is None:
-            return start.epoch > self.num_epochs
-        return start.counters.reached(self.train_for)
-
     def _count_steps(self, train: BatchPlanner, start: Position) -> list[str]:
         """The run's optimizer steps, and the schedule that waits for them ("auto");
         returns a warning about the schedule's interval, if any. A run whose length is
         not in epochs shows the epoch it should end in as its `num_epochs`."""
         self.steps_per_epoch = train.steps_per_epoch()
-        self.total_steps, last_epoch = self._run_steps(train, self.steps_per_epoch, start)
+        self.total_steps, last_epoch = self.length.steps(train, self.steps_per_epoch, start)
         if self.train_for is not None:
             self.num_epochs = max(start.epoch, last_epoch or start.epoch)
             if self.points is not None:
@@ -493,7 +466,7 @@ class Learner:
         """Every epoch left; returns how the run ended."""
         first = resume.position.epoch
         for epoch in itertools.count(first):
-            if self._finished(Position(epoch, counters=self.counters)):
+            if self.length.finished(Position(epoch, counters=self.counters)):
                 break
             if epoch > self.num_epochs:  # a length in steps, samples or tokens runs on
                 self.num_epochs = processor.num_epochs = epoch
@@ -511,7 +484,7 @@ class Learner:
             if valid is not None:
                 epoch_values["valid"] = self._valid_epoch(processor, valid, epoch)
             reason = self._end_epoch(epoch, epoch_values)
-            if self._ended:  # the run's length was reached: it completed, whatever else
+            if self.length.ended:  # the run's length was reached: it completed, whatever else
                 break
             if reason is not None:
                 return reason
@@ -541,9 +514,9 @@ class Learner:
                 finite = self._train_step(processor, step, epoch, plan.total, check)
                 self._step_optimizer(finite, epoch)
                 before = self.counters
-                voted = self._advance(step)
-                if self._length_reached(step):
-                    self._ended = stop = True
+                voted = self.length.advance(step, dist, self.interrupter.should_stop)
+                if self.length.reached_at(step, dist):
+                    self.length.ended = stop = True
                     break
                 if self._point_due(step, plan.total, valid, before) and self._valid_point(
                     processor, valid, epoch
@@ -566,17 +539,14 @@ class Learner:
                     break
                 self.checkpoints.check()
         self.guard.flush()
-        if dist is not None and self._uses_counts:
-            self._sync_counters(dist)
-        if self.train_for is not None and self.counters.reached(self.train_for):
-            self._ended = True
+        self.length.end_epoch(dist)
         if self.iteration == start.iteration:
             raise TrainingError(
                 f"The training data loader yielded no batch in epoch {epoch}. Check that its "
                 "dataset is not empty and that drop_last with a batch size larger than the "
                 "dataset does not drop every sample."
             )
-        if self._ended and self.iteration != plan.total:  # the run's length ends it here
+        if self.length.ended and self.iteration != plan.total:  # the run's length ends it here
             processor.flush(dist)
             self._final_state = (processor.line_counts(), processor.epoch_states())
             log.info(
@@ -628,12 +598,13 @@ class Learner:
         last, finite = len(step.batches) - 1, True
         tokens: Any = 0  # the group's tokens, when its losses are means over tokens
         origins = step.origins
-        self._step_tokens = 0
+        length = self.length
+        length.start_step()
         for index, batch in enumerate(step.batches):
             iteration = step.first + (index if origins is None else origins[index])
             self.iteration = iteration
             self.items += step.items[index]
-            told = getattr(batch, "num_tokens", None) if self._counts_tokens else None
+            told = getattr(batch, "num_tokens", None) if length.counts_tokens else None
             if self._move:
                 batch = to_device(batch, self.device)
             if hooks is not None:
@@ -667,8 +638,8 @@ class Learner:
                 optim.rescale(tokens, self.dist)  # by the group's tokens on every process
             if index == last and finite:
                 optim.prepare()
-            if self._counts_tokens:
-                self._step_tokens = self._step_tokens + batch_tokens(told, output, iteration)
+            if length.counts_tokens:
+                length.count_batch(told, output, iteration)
             if ok:  # a skipped non-finite batch stays out of the epoch's metrics
                 processor.update(output.item, iteration, step.sizes[index], lr)
             if self.listeners:
@@ -739,56 +710,6 @@ class Learner:
         if self.dist is not None:
             stop = self.dist.any(stop) if step.may_vote else False
         return stop
-
-    def _advance(self, step: Step) -> bool | None:
-        """Count the step done: one optimizer step, its samples (every process's, which
-        the batch plan knows) and, when a duration is in tokens, its tokens: read on the
-        host once per step, and under several processes summed over them in the one
-        all-reduce that also takes the stop vote (returned; None when not voted here)."""
-        done = self.counters
-        tokens, voted = done.tokens, None
-        if self._counts_tokens:
-            self._tokens_pending = self._tokens_pending + self._step_tokens
-            if self.dist is None:
-                tokens += int(self._tokens_pending)
-                self._tokens_pending = 0
-            elif step.may_vote:
-                total, voted = self.dist.sum_and_any(
-                    self._tokens_pending, self.interrupter.should_stop()
-                )
-                tokens += total
-                self._tokens_pending = 0
-        self.counters = Counters(done.steps + 1, done.samples + sum(step.items), tokens)
-        return voted
-
-    def _sync_counters(self, dist: Distributed) -> None:
-        """At an epoch's end, the processes agree on the counters: the last steps of an
-        uneven epoch, which some processes did not have, counted once, and the tokens
-        not yet summed."""
-        rows = dist.all_gather(
-            (self.counters.steps, self.counters.samples, int(self._tokens_pending))
-        )
-        self._tokens_pending = 0
-        self.counters = Counters(
-            max(row[0] for row in rows),
-            max(row[1] for row in rows),
-            self.counters.tokens + sum(row[2] for row in rows),
-        )
-
-    def _length_reached(self, step: Step) -> bool:
-        """The run's length (`train_for`) is reached after this step (decided where
-        every process has the step, so they end together)."""
-        if self.train_for is None or (self.dist is not None and not step.may_vote):
-            return False
-        return self.counters.reached(self.train_for)
-
-    def progress_text(self) -> str:
-        """The run's progress in the unit of its length, e.g. "samples 1.2M/5M" (empty
-        for a length in epochs)."""
-        if self.train_for is None:
-            return ""
-        unit, target = self.train_for.unit, self.train_for.value
-        return f"{unit} {short_count(self.counters.of(unit))}/{short_count(target)}"
 
     def _point_due(
         self, step: Step, total: int | None, valid: BatchPlanner | None, before: Counters
@@ -946,7 +867,7 @@ class Learner:
                 history.epochs = [
                     (int(e), v) for e, v in resume.state["learner"].get("history", [])
                 ]
-            if not self._finished(resume.position) or self.train_for is None:
+            if not self.length.finished(resume.position) or self.train_for is None:
                 history.keep_before(resume.position.epoch, resume.position.iteration)
         if self.dist is not None:
             history.epochs = self.dist.broadcast(history.epochs)
@@ -1098,21 +1019,6 @@ class Learner:
         """The model's outputs over `loader`, on the CPU, concatenated along the first
         dimension, as `Evaluator.predict` returns them."""
         return self._evaluator().predict(loader)
-
-
-def batch_tokens(told: Any, output: Any, iteration: int) -> int | torch.Tensor:
-    """The tokens of a training batch, for a duration in tokens: the batch's
-    `num_tokens` (an int), else its output's `tokens` (an int or a tensor)."""
-    if isinstance(told, int) and not isinstance(told, bool):
-        return told
-    tokens = getattr(getattr(output, "item", output), "tokens", None)
-    if tokens is None:
-        raise TrainingError(
-            f"A duration in tokens counts each batch's tokens, and the batch of iteration "
-            f"{iteration} tells none: give the batch a num_tokens attribute (an int), or the "
-            "training output tokens= (an int or a tensor)."
-        )
-    return tokens
 
 
 def token_weight(item: Any, iteration: int) -> int | torch.Tensor:
