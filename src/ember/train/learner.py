@@ -13,32 +13,27 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
-from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 import torch
 
 from ember.data.device import to_device
 from ember.errors import TrainingError
+from ember.train import lifecycle
 from ember.train.artifacts import Artifacts
 from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size
 from ember.train.checkpoint.policy import CheckpointPolicy, Resume
-from ember.train.describe import describe_run, run_info
 from ember.train.distributed import Distributed, setup, world_size
 from ember.train.duration import Counters, Duration, crossed
 from ember.train.evaluator import Evaluator
-from ember.train.events import End, EndEpoch, ProcessedItem, Start, StartEpoch, StartSplit
+from ember.train.events import EndEpoch, ProcessedItem, StartEpoch, StartSplit
 from ember.train.flops import FlopCount
-from ember.train.guard import LossGuard, NonFiniteLoss
+from ember.train.guard import LossGuard
 from ember.train.history import RunHistory
 from ember.train.interrupter import Interrupter
 from ember.train.lock import RunLock
-from ember.train.logger.application import FileApplicationLogger
-from ember.train.logger.base import MetricLogger, RunStart, start_loggers
-from ember.train.logger.file import FileMetricLogger
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
-from ember.train.model_summary import summarize_model
 from ember.train.oom import (
     memory_post_mortem,
     run_split,
@@ -48,13 +43,10 @@ from ember.train.oom import (
 from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome, StopReason
 from ember.train.output import loss_weight, summed_loss_hint
-from ember.train.parallel import evaluation, join, no_sync, parallelize
+from ember.train.parallel import evaluation, join, no_sync
 from ember.train.position import Position
-from ember.train.preflight import check_not_empty, check_validation
 from ember.train.processor import MetricsProcessor
-from ember.train.renderer.silent import SilentRenderer
 from ember.train.run_length import RunLength
-from ember.train.run_record import end_session, record_start
 from ember.train.signals import signal_handlers
 from ember.train.smoke import SmokeReport, smoke_test
 from ember.train.step import call_step, check_steps, check_train_output
@@ -62,20 +54,6 @@ from ember.train.validation import ValidationPoints, early_stop, stop_at_point
 
 log = logging.getLogger(__name__)
 EpochValues = dict[str, dict[str, float]]
-
-
-@dataclass
-class _Run:
-    """What `_prepare` readies for one `fit`."""
-
-    main: bool
-    resume: Resume
-    train: BatchPlanner
-    valid: BatchPlanner | None
-    notes: list[str]
-    loggers: dict[str, list[MetricLogger]]
-    renderer: Any
-    app_log: FileApplicationLogger
 
 
 class Learner:
@@ -271,7 +249,7 @@ class Learner:
     ) -> torch.nn.Module:
         """Prepare (nothing on disk changes before the resumed state loads), start,
         train every epoch, end; the loggers, the renderer and the log always close."""
-        run = self._prepare(train, valid)
+        run = lifecycle.prepare(self, train, valid)
         reason: Outcome | str = "failed"
         recording = self.options.memory_history
         if recording is not None:
@@ -280,7 +258,7 @@ class Learner:
             with signal_handlers(self.interrupter, self.options.preemption):
                 if self.options.cadence is not None:
                     self.options.cadence.start()  # max_time counts from here
-                processor = self._start(run, valid)
+                processor = lifecycle.start(self, run, valid)
                 self._hook("on_fit_start", run.resume.position.epoch)
                 reason = self._epochs(processor, run.train, run.valid, run.resume)
                 self._hook("on_fit_end", self.epoch)
@@ -303,157 +281,19 @@ class Learner:
             if self.dist is not None and self.dist.sharding is not None:
                 self._whole = self.dist.sharding.gathered_model()  # before the group closes
             if self.options.summary and run.main:
-                self._print_summary()
+                lifecycle.print_summary(self)
         except BaseException as error:
             if recording is not None and isinstance(error, torch.OutOfMemoryError):
                 rank = self.dist.rank if self.dist is not None else 0
                 memory_post_mortem(error, self.artifacts.memory_snapshot(rank))
-            reason = self.outcome = self._failure(error)
+            reason = self.outcome = lifecycle.failure(self, error)
             raise
         finally:
             if recording is not None:
                 stop_memory_history()
-            self._close(run.loggers, run.renderer, reason)
+            lifecycle.close(self, run.loggers, run.renderer, reason)
             run.app_log.uninstall()
         return self.model
-
-    def _prepare(self, train: Iterable[Any], valid: Iterable[Any] | None) -> _Run:
-        """Check the loaders, count the steps, load and restore the resumed state; only
-        then prepare the directory, open the log and make the loggers."""
-        dist = self.dist
-        main = dist is None or dist.main
-        self._output_checked = False
-        check_not_empty(train, "training", "fit(train, ...)")
-        if valid is not None:
-            check_not_empty(valid, "validation", "fit(train) without validation data")
-        resume = self.checkpoints.resume_point()
-        shard = (dist.rank, dist.world) if dist is not None else None
-        train_limit, valid_limit = self.options.limit_batches
-        train_plan = BatchPlanner(train, self.grads_accumulation, shard, train_limit)
-        train_plan.check_limit("training", "train")
-        valid_plan = None
-        if valid is not None:
-            valid_plan = BatchPlanner(valid, 1, shard, valid_limit)
-            valid_plan.check_limit("validation", "valid")
-        self.length.counters = resume.position.counters
-        notes = self._count_steps(train_plan, resume.position)
-        self.optim.lr.check_monitor(
-            {split: [entry.name for entry in entries] for split, entries in self.metrics.items()}
-        )
-        if dist is not None:  # the model as the processes share it, before it is restored
-            self._ddp = parallelize(self.model, self.optimizer, dist, self.options.fsdp)
-        notes += [*resume.notes, *self.checkpoints.restore(resume, self.model, self.optim, dist)]
-        if main:
-            overwrite = self.options.overwrite or resume.replace  # checkpoint("auto")
-            self.artifacts.prepare(resume.position.kept_epochs(), overwrite)
-        self._load_history(resume, main)
-        app_log = FileApplicationLogger(self.artifacts.experiment_log)
-        if self.options.application_log and main:
-            app_log.install()
-        if main and self._run_lock is not None and self._run_lock.takeover_message:
-            notes.append(self._run_lock.takeover_message)
-        complete = self.length.finished(resume.position)  # a finished run: nothing to show
-        renderer = self.renderer if main and not complete else SilentRenderer()
-        loggers = self._loggers(main)
-        return _Run(main, resume, train_plan, valid_plan, notes, loggers, renderer, app_log)
-
-    def _start(self, run: _Run, valid: Iterable[Any] | None) -> MetricsProcessor:
-        """Log what was prepared, join the processes, tell the loggers and the renderer,
-        check the validation step; return the run's metrics processor."""
-        start, dist = run.resume.position, self.dist
-        for note in run.notes:
-            resumed = note.startswith(("Resumed from", "Resuming from", "checkpoint('auto')"))
-            log.log(logging.INFO if resumed else logging.WARNING, "%s", note)
-        processor = MetricsProcessor(
-            self.metrics, run.loggers, run.renderer, self.num_epochs, gathers=dist is not None
-        )
-        if self.train_for is not None:
-            processor.run_progress = self.progress_text
-        if dist is not None:
-            self._prepare_processes(dist, processor, run.train, run.valid)
-        processes = dist.world if dist is not None else 1
-        hparams, directory = self.options.hparams, str(self.artifact_dir)
-        start_loggers(
-            run.loggers,
-            RunStart(start.epoch, start.iteration, not start.fresh, processes, hparams, directory),
-        )
-        info = run_info(self, start)
-        log.info("%s", describe_run(self, info))
-        summary = summarize_model(self.model, self.options.model_summary)
-        info = replace(info, model_summary=summary)
-        if run.main:
-            record_start(self.artifacts, start.epoch, not start.fresh, hparams)
-        self.run_history.describe_model(info.model_name, info.num_parameters)
-        if self.length.finished(start) and self.train_for is not None:
-            self.epoch = start.epoch - (0 if start.iteration else 1)
-            log.warning(
-                "The run is already complete: its checkpoint has %s and train_for is %s, so "
-                "nothing is left to train and the trained model is returned as it is. Raise "
-                "train_for to train further.",
-                f"{start.counters.of(self.train_for.unit):,} {self.train_for.unit}",
-                self.train_for,
-            )
-        elif self.length.finished(start):
-            self.epoch = start.epoch - 1
-            log.warning(
-                "The run is already complete: its checkpoint is at the end of epoch %d and "
-                "num_epochs is %d, so nothing is left to train and the trained model is "
-                "returned as it is. Raise num_epochs to train further.",
-                self.epoch,
-                self.num_epochs,
-            )
-        elif valid is not None and self.metrics.get("valid"):
-            check_validation(
-                self.model,
-                valid,
-                processor,
-                start.epoch,
-                self.device,
-                self.optim.autocast,
-                evaluation(self._ddp),
-            )
-        run.renderer.start(info)
-        self._emit(Start(start.epoch, self.num_epochs, str(self.artifact_dir)))
-        return processor
-
-    def _failure(self, error: BaseException) -> Outcome:
-        """Log how the run ended on an exception; "interrupted" or "failed[: why]"."""
-        where = f"epoch {self.epoch}, iteration {self.iteration}"
-        outcome = Outcome.failed(error, isinstance(error, NonFiniteLoss))
-        if isinstance(error, KeyboardInterrupt):
-            log.error("Training interrupted (KeyboardInterrupt) at %s.", where)
-            return outcome
-        elsewhere = self.dist.caused_elsewhere(error) if self.dist is not None else None
-        if elsewhere is not None:  # another rank failed: its record says why
-            log.error("Training stopped at %s. %s", where, elsewhere)
-        else:
-            log.exception("Training failed at %s.", where)
-        return outcome
-
-    def _count_steps(self, train: BatchPlanner, start: Position) -> list[str]:
-        """The run's optimizer steps, and the schedule that waits for them ("auto");
-        returns a warning about the schedule's interval, if any. A run whose length is
-        not in epochs shows the epoch it should end in as its `num_epochs`."""
-        self.steps_per_epoch = train.steps_per_epoch()
-        self.total_steps, last_epoch = self.length.steps(train, self.steps_per_epoch, start)
-        if self.train_for is not None:
-            self.num_epochs = max(start.epoch, last_epoch or start.epoch)
-            if self.points is not None:
-                self.points.num_epochs = self.num_epochs
-        if self.optim.lr.pending is not None and self.total_steps is None:
-            why = "the training loader has no length"
-            if self.train_for is not None and self.train_for.unit == "samples":
-                why = (
-                    f"the run trains for {self.train_for}, and the training loader does not "
-                    "tell its samples per step (a batch_size, and a dataset or sampler length)"
-                )
-            raise TrainingError(
-                f"The learning-rate schedule counts the run's optimizer steps ('auto'), but {why}. "
-                "Give the schedule its step count instead."
-            )
-        self.optim.lr.resolve(self.total_steps)
-        warning = self.optim.lr.check_interval(self.steps_per_epoch)
-        return [warning] if warning else []
 
     # The loop --------------------------------------------------------------------
     def _epochs(
@@ -846,59 +686,6 @@ class Learner:
         return Outcome.stopped(message, signum)
 
     # Setting up ------------------------------------------------------------------
-    def _load_history(self, resume: Resume, main: bool) -> None:
-        """Rank 0 keeps the history in `history.jsonl`; a resumed run continues the
-        saved one up to where it resumes (every process gets rank 0's copy)."""
-        history = self.run_history
-        if main:
-            history.path = self.artifacts.history
-        if resume.state is None:
-            return
-        if main:
-            found = self.artifacts.saved_history if history.path is not None else None
-            if found is not None:
-                saved = RunHistory.load(found)
-                history.epochs = saved.epochs
-                history.checkpoints = saved.checkpoints
-                history.points = saved.points
-                history.counters = saved.counters
-                history.point_counters = saved.point_counters
-            else:  # a run from before the history file: the checkpoint carried it
-                history.epochs = [
-                    (int(e), v) for e, v in resume.state["learner"].get("history", [])
-                ]
-            if not self.length.finished(resume.position) or self.train_for is None:
-                history.keep_before(resume.position.epoch, resume.position.iteration)
-        if self.dist is not None:
-            history.epochs = self.dist.broadcast(history.epochs)
-            history.points = self.dist.broadcast(history.points)
-
-    def _loggers(self, main: bool) -> dict[str, list[MetricLogger]]:
-        """Rank 0 writes the metric files and feeds the extra loggers."""
-        return {
-            split: [FileMetricLogger(self.artifacts.split_dir(split)), *extra] if main else []
-            for split, extra in self.options.loggers.items()
-        }
-
-    def _prepare_processes(
-        self,
-        dist: Distributed,
-        processor: MetricsProcessor,
-        train: BatchPlanner,
-        valid: BatchPlanner | None,
-    ) -> None:
-        """Several processes: check that the loaders shard exactly (and evenly under
-        FSDP), warn about metrics that see one process's data."""
-        train.check_shardable("training")
-        if valid is not None:
-            valid.check_shardable("validation")
-        processor.warn_unmerged_metrics()
-        if self.options.fsdp is not None:
-            train.check_even("training")
-            if valid is not None:
-                valid.check_even("validation")
-        dist.barrier()  # rank 0 has prepared the artifact directory
-
     def _resume_logs(
         self, processor: MetricsProcessor, start: Position, counts: Mapping[str, int] | None
     ) -> None:
@@ -915,37 +702,6 @@ class Learner:
         processor.resume(rows)
 
     # Ending ----------------------------------------------------------------------
-    def _print_summary(self) -> None:
-        from ember.train.summary import LearnerSummary
-
-        summary = LearnerSummary.from_dir(self.artifact_dir)
-        table = replace(summary, outcome=self.outcome).table()  # history.jsonl has it at the end
-        print(table)
-        log.info("%s", table)
-
-    def _close(self, loggers: dict[str, list[MetricLogger]], renderer: Any, reason: str) -> None:
-        """Release everything; an error here is logged, never allowed to hide the
-        error that ended the run."""
-        steps: list[tuple[str, Any]] = [
-            ("the last checkpoint could not be written", self.checkpoints.wait)
-        ]
-        for split_loggers in loggers.values():
-            for logger in split_loggers:
-                steps.append((f"closing {type(logger).__name__} failed", logger.close))
-        steps.append(("a listener failed at the end", lambda: self._emit(End(self.epoch, reason))))
-        steps.append(("the renderer failed at the end", lambda: renderer.end(reason)))
-        steps.append(("the run history could not be written", lambda: self._finish(reason)))
-        for what, step in steps:
-            try:
-                step()
-            except Exception as error:
-                log.error("%s: %s", what, error)
-
-    def _finish(self, reason: str) -> None:
-        if self.run_history.path is not None:
-            self.run_history.finish(reason)
-            end_session(self.artifacts, reason)
-
     def _hook(self, name: str, epoch: int) -> None:
         """Call a callback hook of the run's epochs and splits (none without callbacks)."""
         if self.callbacks is not None and self.callbacks.has(name):
