@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-import sys
 from typing import Any, Iterable, Mapping
 
 import torch
 
 from ember.data.device import to_device
 from ember.errors import TrainingError
-from ember.train import lifecycle
+from ember.train import lifecycle, stepping
 from ember.train.artifacts import Artifacts
 from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size
 from ember.train.checkpoint.policy import CheckpointPolicy, Resume
@@ -36,20 +35,18 @@ from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
 from ember.train.oom import (
     memory_post_mortem,
-    run_split,
     start_memory_history,
     stop_memory_history,
 )
 from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome, StopReason
-from ember.train.output import loss_weight, summed_loss_hint
-from ember.train.parallel import evaluation, join, no_sync
+from ember.train.parallel import evaluation, join
 from ember.train.position import Position
 from ember.train.processor import MetricsProcessor
 from ember.train.run_length import RunLength
 from ember.train.signals import signal_handlers
 from ember.train.smoke import SmokeReport, smoke_test
-from ember.train.step import call_step, check_steps, check_train_output
+from ember.train.step import call_step, check_steps
 from ember.train.validation import ValidationPoints, early_stop, stop_at_point
 
 log = logging.getLogger(__name__)
@@ -351,8 +348,8 @@ class Learner:
         check = 0 if self._output_checked else start.iteration + 1  # once a fit
         with join(self._ddp):
             for step in plan:
-                finite = self._train_step(processor, step, epoch, plan.total, check)
-                self._step_optimizer(finite, epoch)
+                finite = stepping.train_step(self, processor, step, epoch, plan.total, check)
+                stepping.step_optimizer(self, finite, epoch)
                 before = self.counters
                 voted = self.length.advance(step, dist, self.interrupter.should_stop)
                 if self.length.reached_at(step, dist):
@@ -405,138 +402,6 @@ class Learner:
         position = Position(epoch, self.iteration, self.items, False, counters=self.counters)
         lines, states = processor.line_counts(), processor.epoch_states()
         self.checkpoints.save(position, self.model, self.optim, self.dist, lines, states)
-
-    def _train_step(
-        self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
-    ) -> bool:
-        """`_run_step`, or under `grads_accumulation("auto")` the step run again in
-        micro-batches after an out-of-memory error (`train/oom.py`)."""
-        if self.optim.micro_split is None:
-            return self._run_step(processor, step, epoch, total, check)
-        iteration, items, counting = self.iteration, self.items, not self.flops.done
-
-        def attempt(split: Step) -> bool:
-            self.iteration, self.items = iteration, items  # a failed attempt counts nothing
-            if counting:  # the FLOPs are counted on a batch that fits
-                self.flops.done = False
-            return self._run_step(processor, split, epoch, total, check)
-
-        return run_split(self.optim, step, attempt)
-
-    def _run_step(
-        self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
-    ) -> bool:
-        """Forward and backward every batch of one optimizer step; False when a loss
-        was not finite. The batch numbered `check` has its output checked. The callbacks'
-        `on_before_optimizer_step` comes before the metrics of the step's last batch
-        (they may read it: `GradNormMetric`), the step after them (a non-finite loss the
-        metrics find stops the run before its step is applied)."""
-        optim, guard, ddp, manual = self.optim, self.guard, self._ddp, self._manual
-        forward = ddp if ddp is not None else self.model.train_step
-        hooks = self.callbacks
-        lr = optim.begin_group()
-        last, finite = len(step.batches) - 1, True
-        tokens: Any = 0  # the group's tokens, when its losses are means over tokens
-        origins = step.origins
-        length = self.length
-        length.start_step()
-        for index, batch in enumerate(step.batches):
-            iteration = step.first + (index if origins is None else origins[index])
-            self.iteration = iteration
-            self.items += step.items[index]
-            told = getattr(batch, "num_tokens", None) if length.counts_tokens else None
-            if self._move:
-                batch = to_device(batch, self.device)
-            if hooks is not None:
-                hooks.ctx.epoch, hooks.ctx.iteration = epoch, iteration
-            with no_sync(ddp, index < last), self.flops.count():
-                if manual is not None:  # custom optimization: the step runs backward itself
-                    manual.begin(epoch, iteration, index == 0, index == last, step.shares[index])
-                    with optim.autocast():
-                        output = call_step(self._manual_step, batch, "train_step", epoch, iteration)
-                    ok = manual.ok
-                    if iteration == check:
-                        self._check_output(processor, output, epoch, manual=True)
-                        self._check_metrics(processor, output, epoch)
-                else:
-                    with optim.autocast():
-                        output = call_step(forward, batch, "train_step", epoch, iteration)
-                    if iteration == check:
-                        self._check_output(processor, output, epoch)
-                    ok = guard.check(output.loss, epoch, iteration)
-                    finite = ok and finite
-                    if hooks is not None:
-                        hooks.ctx.output = output
-                    share: Any = step.shares[index]
-                    if self._token_mean:
-                        share = token_weight(output.item, iteration)
-                        tokens = tokens + share
-                    optim.backward(output.loss, share)
-                    if iteration == check:
-                        self._check_metrics(processor, output, epoch)
-            if index == last and self._token_mean:
-                optim.rescale(tokens, self.dist)  # by the group's tokens on every process
-            if index == last and finite:
-                optim.prepare()
-            if length.counts_tokens:
-                length.count_batch(told, output, iteration)
-            if ok:  # a skipped non-finite batch stays out of the epoch's metrics
-                processor.update(output.item, iteration, step.sizes[index], lr)
-            if self.listeners:
-                self._emit(ProcessedItem("train", epoch, iteration, total, output.item, lr))
-        return finite
-
-    def _manual_step(self, batch: Any) -> Any:
-        return self.model.train_step(batch, self._manual)  # type: ignore[operator]
-
-    def _check_output(
-        self, processor: MetricsProcessor, output: Any, epoch: int, manual: bool = False
-    ) -> None:
-        """The first training output of the fit, before its backward: its type, its
-        loss, how its loss is weighted."""
-        self._output_checked = True
-        check_train_output(self.model, output, manual)
-        self._token_mean = loss_weight(output.item) is not None
-        if self._token_mean and manual and self.options.grads_accumulation > 1:
-            raise TrainingError(
-                "loss_reduction='token_mean' weights each accumulated batch by its tokens "
-                "when ember runs backward; a step that runs its own (ctx.backward) under "
-                "grads_accumulation cannot be weighted by them. Accumulate without "
-                "'token_mean' (each batch weighs its samples), or do not accumulate."
-            )
-        guard = self.guard
-        if not manual and guard.policy == "stop":  # the loss metric's values stand guard
-            guard.covered = processor.watch_loss(output.item, output.loss, guard.nonfinite)
-
-    def _check_metrics(self, processor: MetricsProcessor, output: Any, epoch: int) -> None:
-        """The first training output of the fit, once its backward freed the graph (its
-        activations no longer take memory) and before the first optimizer step: what
-        the metrics read, and whether the loss looks summed."""
-        processor.check("train", output.item, epoch)
-        hint = summed_loss_hint(output.item)
-        if hint is not None:
-            log.warning("%s", hint)
-
-    def _step_optimizer(self, finite: bool, epoch: int) -> None:
-        """Step, or skip the step of a group with a non-finite loss. Under "skip" with
-        several processes they agree first (one all-reduce of a flag): a NaN on any rank
-        skips the step on every rank, so the replicas stay equal."""
-        elsewhere = False
-        if self.dist is not None and self.guard.policy == "skip":
-            agreed = not self.dist.any(not finite)
-            elsewhere, finite = finite and not agreed, agreed
-        if finite:
-            self.optim.step()
-            return
-        self.optim.skip()
-        self.skipped_steps += 1
-        where = " on another process" if elsewhere else ""
-        message = (
-            f"Skipped the optimizer step at epoch {epoch}, iteration {self.iteration}: "
-            f"non-finite loss{where} (nonfinite_loss('skip'))."
-        )
-        log.warning("%s", message)
-        print(f"ember: {message}", file=sys.stderr)
 
     def _stop_requested(self, step: Step, voted: bool | None = None) -> bool:
         """A graceful stop after this step; several processes stop at the same step,
@@ -775,15 +640,3 @@ class Learner:
         """The model's outputs over `loader`, on the CPU, concatenated along the first
         dimension, as `Evaluator.predict` returns them."""
         return self._evaluator().predict(loader)
-
-
-def token_weight(item: Any, iteration: int) -> int | torch.Tensor:
-    """The tokens of a batch of a run whose losses are means over tokens."""
-    weight = loss_weight(item)
-    if weight is None:
-        raise TrainingError(
-            f"The training output of iteration {iteration} has no loss_reduction='token_mean' "
-            "while the run's first had it: give every batch's output "
-            "loss_reduction='token_mean' and tokens=."
-        )
-    return weight
