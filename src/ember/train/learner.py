@@ -12,70 +12,45 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
-import sys
-from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 import torch
 
 from ember.data.device import to_device
 from ember.errors import TrainingError
+from ember.train import lifecycle, stepping
 from ember.train.artifacts import Artifacts
-from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size, steps_to_reach
+from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size
 from ember.train.checkpoint.policy import CheckpointPolicy, Resume
-from ember.train.describe import describe_run, run_info
 from ember.train.distributed import Distributed, setup, world_size
-from ember.train.duration import Counters, Duration, crossed, short_count
+from ember.train.duration import Counters, Duration, crossed
 from ember.train.evaluator import Evaluator
-from ember.train.events import End, EndEpoch, ProcessedItem, Start, StartEpoch, StartSplit
+from ember.train.events import EndEpoch, ProcessedItem, StartEpoch, StartSplit
 from ember.train.flops import FlopCount
-from ember.train.guard import LossGuard, NonFiniteLoss
+from ember.train.guard import LossGuard
 from ember.train.history import RunHistory
 from ember.train.interrupter import Interrupter
 from ember.train.lock import RunLock
-from ember.train.logger.application import FileApplicationLogger
-from ember.train.logger.base import MetricLogger, RunStart, start_loggers
-from ember.train.logger.file import FileMetricLogger
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
-from ember.train.model_summary import summarize_model
 from ember.train.oom import (
     memory_post_mortem,
-    run_split,
     start_memory_history,
     stop_memory_history,
 )
 from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome, StopReason
-from ember.train.output import loss_weight, summed_loss_hint
-from ember.train.parallel import evaluation, join, no_sync, parallelize
+from ember.train.parallel import evaluation, join
 from ember.train.position import Position
-from ember.train.preflight import check_not_empty, check_validation
 from ember.train.processor import MetricsProcessor
-from ember.train.renderer.silent import SilentRenderer
-from ember.train.run_record import end_session, record_start
+from ember.train.run_length import RunLength
 from ember.train.signals import signal_handlers
 from ember.train.smoke import SmokeReport, smoke_test
-from ember.train.step import call_step, check_steps, check_train_output
+from ember.train.step import call_step, check_steps
 from ember.train.validation import ValidationPoints, early_stop, stop_at_point
 
 log = logging.getLogger(__name__)
 EpochValues = dict[str, dict[str, float]]
-
-
-@dataclass
-class _Run:
-    """What `_prepare` readies for one `fit`."""
-
-    main: bool
-    resume: Resume
-    train: BatchPlanner
-    valid: BatchPlanner | None
-    notes: list[str]
-    loggers: dict[str, list[MetricLogger]]
-    renderer: Any
-    app_log: FileApplicationLogger
 
 
 class Learner:
@@ -142,25 +117,12 @@ class Learner:
         self.epoch = 0
         self.iteration = 0
         self.items = 0
-        self.train_for: Duration | None = options.train_for
-        """The run's length in steps, samples or tokens (None: `num_epochs` epochs)."""
-        self.counters = Counters()
-        """The optimizer steps, samples and tokens (every process's) of the run so far."""
-        self._counts_tokens = any(
-            isinstance(d, Duration) and d.unit == "tokens"
-            for d in (options.train_for, options.valid_every, options.checkpoint_every)
+        self.length = RunLength(
+            options.train_for,
+            options.num_epochs,
+            (options.valid_every, options.checkpoint_every),
         )
-        self._uses_counts = self._counts_tokens or any(
-            isinstance(d, Duration)
-            for d in (options.train_for, options.valid_every, options.checkpoint_every)
-        )
-        """A length or cadence counts steps, samples or tokens over the run."""
-        self._step_tokens: int | torch.Tensor = 0
-        """Tokens of the step running (counted only when a duration is in tokens)."""
-        self._tokens_pending: int | torch.Tensor = 0
-        """Tokens of this process not yet summed over the processes."""
-        self._ended = False
-        """The run's length (`train_for`) was reached."""
+        """The run's length (`train_for`, else `num_epochs` epochs) and its counters."""
         self._final_state: tuple[Any, Any] | None = None
         """Metric log lines and states of an epoch the run's length ended inside."""
         self.skipped_steps = 0
@@ -203,30 +165,22 @@ class Learner:
         limit = self.options.limit_batches[0]
         planner = BatchPlanner(train, self.grads_accumulation, shard, limit)
         per_epoch = planner.steps_per_epoch()
-        return per_epoch, self._run_steps(planner, per_epoch, Position(1, fresh=True))[0]
+        return per_epoch, self.length.steps(planner, per_epoch, Position(1, fresh=True))[0]
 
-    def _run_steps(
-        self, planner: BatchPlanner, per_epoch: int | None, start: Position
-    ) -> tuple[int | None, int | None]:
-        """`(total_steps, last_epoch)` of the run from `start`: its optimizer steps, and
-        the epoch it ends in (None where the loader does not tell them). A run resumed
-        with another batch size counts the steps left from an epoch's start."""
-        length, done = self.train_for, start.counters
-        if length is None:
-            return (None if per_epoch is None else per_epoch * self.num_epochs), self.num_epochs
-        before = start.epoch - 1
-        if length.unit == "steps":
-            left = max(0, length.value - done.steps)
-            epochs = None if not per_epoch else before + max(1, math.ceil(left / per_epoch))
-            return length.value, epochs
-        if length.unit == "samples":
-            per_step = planner.step_samples()
-            reach = (
-                None if per_step is None else steps_to_reach(length.value - done.samples, per_step)
-            )
-            if reach is not None:
-                return done.steps + reach[0], before + max(1, reach[1])
-        return None, None
+    @property
+    def train_for(self) -> Duration | None:
+        """The run's length in steps, samples or tokens (None: `num_epochs` epochs)."""
+        return self.length.train_for
+
+    @property
+    def counters(self) -> Counters:
+        """The optimizer steps, samples and tokens (every process's) of the run so far."""
+        return self.length.counters
+
+    def progress_text(self) -> str:
+        """The run's progress in the unit of its length, e.g. "samples 1.2M/5M" (empty
+        for a length in epochs)."""
+        return self.length.progress_text()
 
     @property
     def history(self) -> list[tuple[int, EpochValues]]:
@@ -292,7 +246,7 @@ class Learner:
     ) -> torch.nn.Module:
         """Prepare (nothing on disk changes before the resumed state loads), start,
         train every epoch, end; the loggers, the renderer and the log always close."""
-        run = self._prepare(train, valid)
+        run = lifecycle.prepare(self, train, valid)
         reason: Outcome | str = "failed"
         recording = self.options.memory_history
         if recording is not None:
@@ -301,7 +255,7 @@ class Learner:
             with signal_handlers(self.interrupter, self.options.preemption):
                 if self.options.cadence is not None:
                     self.options.cadence.start()  # max_time counts from here
-                processor = self._start(run, valid)
+                processor = lifecycle.start(self, run, valid)
                 self._hook("on_fit_start", run.resume.position.epoch)
                 reason = self._epochs(processor, run.train, run.valid, run.resume)
                 self._hook("on_fit_end", self.epoch)
@@ -324,163 +278,19 @@ class Learner:
             if self.dist is not None and self.dist.sharding is not None:
                 self._whole = self.dist.sharding.gathered_model()  # before the group closes
             if self.options.summary and run.main:
-                self._print_summary()
+                lifecycle.print_summary(self)
         except BaseException as error:
             if recording is not None and isinstance(error, torch.OutOfMemoryError):
                 rank = self.dist.rank if self.dist is not None else 0
                 memory_post_mortem(error, self.artifacts.memory_snapshot(rank))
-            reason = self.outcome = self._failure(error)
+            reason = self.outcome = lifecycle.failure(self, error)
             raise
         finally:
             if recording is not None:
                 stop_memory_history()
-            self._close(run.loggers, run.renderer, reason)
+            lifecycle.close(self, run.loggers, run.renderer, reason)
             run.app_log.uninstall()
         return self.model
-
-    def _prepare(self, train: Iterable[Any], valid: Iterable[Any] | None) -> _Run:
-        """Check the loaders, count the steps, load and restore the resumed state; only
-        then prepare the directory, open the log and make the loggers."""
-        dist = self.dist
-        main = dist is None or dist.main
-        self._output_checked = False
-        check_not_empty(train, "training", "fit(train, ...)")
-        if valid is not None:
-            check_not_empty(valid, "validation", "fit(train) without validation data")
-        resume = self.checkpoints.resume_point()
-        shard = (dist.rank, dist.world) if dist is not None else None
-        train_limit, valid_limit = self.options.limit_batches
-        train_plan = BatchPlanner(train, self.grads_accumulation, shard, train_limit)
-        train_plan.check_limit("training", "train")
-        valid_plan = None
-        if valid is not None:
-            valid_plan = BatchPlanner(valid, 1, shard, valid_limit)
-            valid_plan.check_limit("validation", "valid")
-        self.counters = resume.position.counters
-        notes = self._count_steps(train_plan, resume.position)
-        self.optim.lr.check_monitor(
-            {split: [entry.name for entry in entries] for split, entries in self.metrics.items()}
-        )
-        if dist is not None:  # the model as the processes share it, before it is restored
-            self._ddp = parallelize(self.model, self.optimizer, dist, self.options.fsdp)
-        notes += [*resume.notes, *self.checkpoints.restore(resume, self.model, self.optim, dist)]
-        if main:
-            overwrite = self.options.overwrite or resume.replace  # checkpoint("auto")
-            self.artifacts.prepare(resume.position.kept_epochs(), overwrite)
-        self._load_history(resume, main)
-        app_log = FileApplicationLogger(self.artifacts.experiment_log)
-        if self.options.application_log and main:
-            app_log.install()
-        if main and self._run_lock is not None and self._run_lock.takeover_message:
-            notes.append(self._run_lock.takeover_message)
-        complete = self._finished(resume.position)  # a finished run: nothing to show
-        renderer = self.renderer if main and not complete else SilentRenderer()
-        loggers = self._loggers(main)
-        return _Run(main, resume, train_plan, valid_plan, notes, loggers, renderer, app_log)
-
-    def _start(self, run: _Run, valid: Iterable[Any] | None) -> MetricsProcessor:
-        """Log what was prepared, join the processes, tell the loggers and the renderer,
-        check the validation step; return the run's metrics processor."""
-        start, dist = run.resume.position, self.dist
-        for note in run.notes:
-            resumed = note.startswith(("Resumed from", "Resuming from", "checkpoint('auto')"))
-            log.log(logging.INFO if resumed else logging.WARNING, "%s", note)
-        processor = MetricsProcessor(
-            self.metrics, run.loggers, run.renderer, self.num_epochs, gathers=dist is not None
-        )
-        if self.train_for is not None:
-            processor.run_progress = self.progress_text
-        if dist is not None:
-            self._prepare_processes(dist, processor, run.train, run.valid)
-        processes = dist.world if dist is not None else 1
-        hparams, directory = self.options.hparams, str(self.artifact_dir)
-        start_loggers(
-            run.loggers,
-            RunStart(start.epoch, start.iteration, not start.fresh, processes, hparams, directory),
-        )
-        info = run_info(self, start)
-        log.info("%s", describe_run(self, info))
-        summary = summarize_model(self.model, self.options.model_summary)
-        info = replace(info, model_summary=summary)
-        if run.main:
-            record_start(self.artifacts, start.epoch, not start.fresh, hparams)
-        self.run_history.describe_model(info.model_name, info.num_parameters)
-        if self._finished(start) and self.train_for is not None:
-            self.epoch = start.epoch - (0 if start.iteration else 1)
-            log.warning(
-                "The run is already complete: its checkpoint has %s and train_for is %s, so "
-                "nothing is left to train and the trained model is returned as it is. Raise "
-                "train_for to train further.",
-                f"{start.counters.of(self.train_for.unit):,} {self.train_for.unit}",
-                self.train_for,
-            )
-        elif self._finished(start):
-            self.epoch = start.epoch - 1
-            log.warning(
-                "The run is already complete: its checkpoint is at the end of epoch %d and "
-                "num_epochs is %d, so nothing is left to train and the trained model is "
-                "returned as it is. Raise num_epochs to train further.",
-                self.epoch,
-                self.num_epochs,
-            )
-        elif valid is not None and self.metrics.get("valid"):
-            check_validation(
-                self.model,
-                valid,
-                processor,
-                start.epoch,
-                self.device,
-                self.optim.autocast,
-                evaluation(self._ddp),
-            )
-        run.renderer.start(info)
-        self._emit(Start(start.epoch, self.num_epochs, str(self.artifact_dir)))
-        return processor
-
-    def _failure(self, error: BaseException) -> Outcome:
-        """Log how the run ended on an exception; "interrupted" or "failed[: why]"."""
-        where = f"epoch {self.epoch}, iteration {self.iteration}"
-        outcome = Outcome.failed(error, isinstance(error, NonFiniteLoss))
-        if isinstance(error, KeyboardInterrupt):
-            log.error("Training interrupted (KeyboardInterrupt) at %s.", where)
-            return outcome
-        elsewhere = self.dist.caused_elsewhere(error) if self.dist is not None else None
-        if elsewhere is not None:  # another rank failed: its record says why
-            log.error("Training stopped at %s. %s", where, elsewhere)
-        else:
-            log.exception("Training failed at %s.", where)
-        return outcome
-
-    def _finished(self, start: Position) -> bool:
-        """A run resumed at `start` has nothing left to train."""
-        if self.train_for is None:
-            return start.epoch > self.num_epochs
-        return start.counters.reached(self.train_for)
-
-    def _count_steps(self, train: BatchPlanner, start: Position) -> list[str]:
-        """The run's optimizer steps, and the schedule that waits for them ("auto");
-        returns a warning about the schedule's interval, if any. A run whose length is
-        not in epochs shows the epoch it should end in as its `num_epochs`."""
-        self.steps_per_epoch = train.steps_per_epoch()
-        self.total_steps, last_epoch = self._run_steps(train, self.steps_per_epoch, start)
-        if self.train_for is not None:
-            self.num_epochs = max(start.epoch, last_epoch or start.epoch)
-            if self.points is not None:
-                self.points.num_epochs = self.num_epochs
-        if self.optim.lr.pending is not None and self.total_steps is None:
-            why = "the training loader has no length"
-            if self.train_for is not None and self.train_for.unit == "samples":
-                why = (
-                    f"the run trains for {self.train_for}, and the training loader does not "
-                    "tell its samples per step (a batch_size, and a dataset or sampler length)"
-                )
-            raise TrainingError(
-                f"The learning-rate schedule counts the run's optimizer steps ('auto'), but {why}. "
-                "Give the schedule its step count instead."
-            )
-        self.optim.lr.resolve(self.total_steps)
-        warning = self.optim.lr.check_interval(self.steps_per_epoch)
-        return [warning] if warning else []
 
     # The loop --------------------------------------------------------------------
     def _epochs(
@@ -493,7 +303,7 @@ class Learner:
         """Every epoch left; returns how the run ended."""
         first = resume.position.epoch
         for epoch in itertools.count(first):
-            if self._finished(Position(epoch, counters=self.counters)):
+            if self.length.finished(Position(epoch, counters=self.counters)):
                 break
             if epoch > self.num_epochs:  # a length in steps, samples or tokens runs on
                 self.num_epochs = processor.num_epochs = epoch
@@ -511,7 +321,7 @@ class Learner:
             if valid is not None:
                 epoch_values["valid"] = self._valid_epoch(processor, valid, epoch)
             reason = self._end_epoch(epoch, epoch_values)
-            if self._ended:  # the run's length was reached: it completed, whatever else
+            if self.length.ended:  # the run's length was reached: it completed, whatever else
                 break
             if reason is not None:
                 return reason
@@ -538,12 +348,12 @@ class Learner:
         check = 0 if self._output_checked else start.iteration + 1  # once a fit
         with join(self._ddp):
             for step in plan:
-                finite = self._train_step(processor, step, epoch, plan.total, check)
-                self._step_optimizer(finite, epoch)
+                finite = stepping.train_step(self, processor, step, epoch, plan.total, check)
+                stepping.step_optimizer(self, finite, epoch)
                 before = self.counters
-                voted = self._advance(step)
-                if self._length_reached(step):
-                    self._ended = stop = True
+                voted = self.length.advance(step, dist, self.interrupter.should_stop)
+                if self.length.reached_at(step, dist):
+                    self.length.ended = stop = True
                     break
                 if self._point_due(step, plan.total, valid, before) and self._valid_point(
                     processor, valid, epoch
@@ -566,17 +376,14 @@ class Learner:
                     break
                 self.checkpoints.check()
         self.guard.flush()
-        if dist is not None and self._uses_counts:
-            self._sync_counters(dist)
-        if self.train_for is not None and self.counters.reached(self.train_for):
-            self._ended = True
+        self.length.end_epoch(dist)
         if self.iteration == start.iteration:
             raise TrainingError(
                 f"The training data loader yielded no batch in epoch {epoch}. Check that its "
                 "dataset is not empty and that drop_last with a batch size larger than the "
                 "dataset does not drop every sample."
             )
-        if self._ended and self.iteration != plan.total:  # the run's length ends it here
+        if self.length.ended and self.iteration != plan.total:  # the run's length ends it here
             processor.flush(dist)
             self._final_state = (processor.line_counts(), processor.epoch_states())
             log.info(
@@ -596,137 +403,6 @@ class Learner:
         lines, states = processor.line_counts(), processor.epoch_states()
         self.checkpoints.save(position, self.model, self.optim, self.dist, lines, states)
 
-    def _train_step(
-        self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
-    ) -> bool:
-        """`_run_step`, or under `grads_accumulation("auto")` the step run again in
-        micro-batches after an out-of-memory error (`train/oom.py`)."""
-        if self.optim.micro_split is None:
-            return self._run_step(processor, step, epoch, total, check)
-        iteration, items, counting = self.iteration, self.items, not self.flops.done
-
-        def attempt(split: Step) -> bool:
-            self.iteration, self.items = iteration, items  # a failed attempt counts nothing
-            if counting:  # the FLOPs are counted on a batch that fits
-                self.flops.done = False
-            return self._run_step(processor, split, epoch, total, check)
-
-        return run_split(self.optim, step, attempt)
-
-    def _run_step(
-        self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
-    ) -> bool:
-        """Forward and backward every batch of one optimizer step; False when a loss
-        was not finite. The batch numbered `check` has its output checked. The callbacks'
-        `on_before_optimizer_step` comes before the metrics of the step's last batch
-        (they may read it: `GradNormMetric`), the step after them (a non-finite loss the
-        metrics find stops the run before its step is applied)."""
-        optim, guard, ddp, manual = self.optim, self.guard, self._ddp, self._manual
-        forward = ddp if ddp is not None else self.model.train_step
-        hooks = self.callbacks
-        lr = optim.begin_group()
-        last, finite = len(step.batches) - 1, True
-        tokens: Any = 0  # the group's tokens, when its losses are means over tokens
-        origins = step.origins
-        self._step_tokens = 0
-        for index, batch in enumerate(step.batches):
-            iteration = step.first + (index if origins is None else origins[index])
-            self.iteration = iteration
-            self.items += step.items[index]
-            told = getattr(batch, "num_tokens", None) if self._counts_tokens else None
-            if self._move:
-                batch = to_device(batch, self.device)
-            if hooks is not None:
-                hooks.ctx.epoch, hooks.ctx.iteration = epoch, iteration
-            with no_sync(ddp, index < last), self.flops.count():
-                if manual is not None:  # custom optimization: the step runs backward itself
-                    manual.begin(epoch, iteration, index == 0, index == last, step.shares[index])
-                    with optim.autocast():
-                        output = call_step(self._manual_step, batch, "train_step", epoch, iteration)
-                    ok = manual.ok
-                    if iteration == check:
-                        self._check_output(processor, output, epoch, manual=True)
-                        self._check_metrics(processor, output, epoch)
-                else:
-                    with optim.autocast():
-                        output = call_step(forward, batch, "train_step", epoch, iteration)
-                    if iteration == check:
-                        self._check_output(processor, output, epoch)
-                    ok = guard.check(output.loss, epoch, iteration)
-                    finite = ok and finite
-                    if hooks is not None:
-                        hooks.ctx.output = output
-                    share: Any = step.shares[index]
-                    if self._token_mean:
-                        share = token_weight(output.item, iteration)
-                        tokens = tokens + share
-                    optim.backward(output.loss, share)
-                    if iteration == check:
-                        self._check_metrics(processor, output, epoch)
-            if index == last and self._token_mean:
-                optim.rescale(tokens, self.dist)  # by the group's tokens on every process
-            if index == last and finite:
-                optim.prepare()
-            if self._counts_tokens:
-                self._step_tokens = self._step_tokens + batch_tokens(told, output, iteration)
-            if ok:  # a skipped non-finite batch stays out of the epoch's metrics
-                processor.update(output.item, iteration, step.sizes[index], lr)
-            if self.listeners:
-                self._emit(ProcessedItem("train", epoch, iteration, total, output.item, lr))
-        return finite
-
-    def _manual_step(self, batch: Any) -> Any:
-        return self.model.train_step(batch, self._manual)  # type: ignore[operator]
-
-    def _check_output(
-        self, processor: MetricsProcessor, output: Any, epoch: int, manual: bool = False
-    ) -> None:
-        """The first training output of the fit, before its backward: its type, its
-        loss, how its loss is weighted."""
-        self._output_checked = True
-        check_train_output(self.model, output, manual)
-        self._token_mean = loss_weight(output.item) is not None
-        if self._token_mean and manual and self.options.grads_accumulation > 1:
-            raise TrainingError(
-                "loss_reduction='token_mean' weights each accumulated batch by its tokens "
-                "when ember runs backward; a step that runs its own (ctx.backward) under "
-                "grads_accumulation cannot be weighted by them. Accumulate without "
-                "'token_mean' (each batch weighs its samples), or do not accumulate."
-            )
-        guard = self.guard
-        if not manual and guard.policy == "stop":  # the loss metric's values stand guard
-            guard.covered = processor.watch_loss(output.item, output.loss, guard.nonfinite)
-
-    def _check_metrics(self, processor: MetricsProcessor, output: Any, epoch: int) -> None:
-        """The first training output of the fit, once its backward freed the graph (its
-        activations no longer take memory) and before the first optimizer step: what
-        the metrics read, and whether the loss looks summed."""
-        processor.check("train", output.item, epoch)
-        hint = summed_loss_hint(output.item)
-        if hint is not None:
-            log.warning("%s", hint)
-
-    def _step_optimizer(self, finite: bool, epoch: int) -> None:
-        """Step, or skip the step of a group with a non-finite loss. Under "skip" with
-        several processes they agree first (one all-reduce of a flag): a NaN on any rank
-        skips the step on every rank, so the replicas stay equal."""
-        elsewhere = False
-        if self.dist is not None and self.guard.policy == "skip":
-            agreed = not self.dist.any(not finite)
-            elsewhere, finite = finite and not agreed, agreed
-        if finite:
-            self.optim.step()
-            return
-        self.optim.skip()
-        self.skipped_steps += 1
-        where = " on another process" if elsewhere else ""
-        message = (
-            f"Skipped the optimizer step at epoch {epoch}, iteration {self.iteration}: "
-            f"non-finite loss{where} (nonfinite_loss('skip'))."
-        )
-        log.warning("%s", message)
-        print(f"ember: {message}", file=sys.stderr)
-
     def _stop_requested(self, step: Step, voted: bool | None = None) -> bool:
         """A graceful stop after this step; several processes stop at the same step,
         while every one of them still has batches. `voted`: the processes already
@@ -739,56 +415,6 @@ class Learner:
         if self.dist is not None:
             stop = self.dist.any(stop) if step.may_vote else False
         return stop
-
-    def _advance(self, step: Step) -> bool | None:
-        """Count the step done: one optimizer step, its samples (every process's, which
-        the batch plan knows) and, when a duration is in tokens, its tokens: read on the
-        host once per step, and under several processes summed over them in the one
-        all-reduce that also takes the stop vote (returned; None when not voted here)."""
-        done = self.counters
-        tokens, voted = done.tokens, None
-        if self._counts_tokens:
-            self._tokens_pending = self._tokens_pending + self._step_tokens
-            if self.dist is None:
-                tokens += int(self._tokens_pending)
-                self._tokens_pending = 0
-            elif step.may_vote:
-                total, voted = self.dist.sum_and_any(
-                    self._tokens_pending, self.interrupter.should_stop()
-                )
-                tokens += total
-                self._tokens_pending = 0
-        self.counters = Counters(done.steps + 1, done.samples + sum(step.items), tokens)
-        return voted
-
-    def _sync_counters(self, dist: Distributed) -> None:
-        """At an epoch's end, the processes agree on the counters: the last steps of an
-        uneven epoch, which some processes did not have, counted once, and the tokens
-        not yet summed."""
-        rows = dist.all_gather(
-            (self.counters.steps, self.counters.samples, int(self._tokens_pending))
-        )
-        self._tokens_pending = 0
-        self.counters = Counters(
-            max(row[0] for row in rows),
-            max(row[1] for row in rows),
-            self.counters.tokens + sum(row[2] for row in rows),
-        )
-
-    def _length_reached(self, step: Step) -> bool:
-        """The run's length (`train_for`) is reached after this step (decided where
-        every process has the step, so they end together)."""
-        if self.train_for is None or (self.dist is not None and not step.may_vote):
-            return False
-        return self.counters.reached(self.train_for)
-
-    def progress_text(self) -> str:
-        """The run's progress in the unit of its length, e.g. "samples 1.2M/5M" (empty
-        for a length in epochs)."""
-        if self.train_for is None:
-            return ""
-        unit, target = self.train_for.unit, self.train_for.value
-        return f"{unit} {short_count(self.counters.of(unit))}/{short_count(target)}"
 
     def _point_due(
         self, step: Step, total: int | None, valid: BatchPlanner | None, before: Counters
@@ -925,59 +551,6 @@ class Learner:
         return Outcome.stopped(message, signum)
 
     # Setting up ------------------------------------------------------------------
-    def _load_history(self, resume: Resume, main: bool) -> None:
-        """Rank 0 keeps the history in `history.jsonl`; a resumed run continues the
-        saved one up to where it resumes (every process gets rank 0's copy)."""
-        history = self.run_history
-        if main:
-            history.path = self.artifacts.history
-        if resume.state is None:
-            return
-        if main:
-            found = self.artifacts.saved_history if history.path is not None else None
-            if found is not None:
-                saved = RunHistory.load(found)
-                history.epochs = saved.epochs
-                history.checkpoints = saved.checkpoints
-                history.points = saved.points
-                history.counters = saved.counters
-                history.point_counters = saved.point_counters
-            else:  # a run from before the history file: the checkpoint carried it
-                history.epochs = [
-                    (int(e), v) for e, v in resume.state["learner"].get("history", [])
-                ]
-            if not self._finished(resume.position) or self.train_for is None:
-                history.keep_before(resume.position.epoch, resume.position.iteration)
-        if self.dist is not None:
-            history.epochs = self.dist.broadcast(history.epochs)
-            history.points = self.dist.broadcast(history.points)
-
-    def _loggers(self, main: bool) -> dict[str, list[MetricLogger]]:
-        """Rank 0 writes the metric files and feeds the extra loggers."""
-        return {
-            split: [FileMetricLogger(self.artifacts.split_dir(split)), *extra] if main else []
-            for split, extra in self.options.loggers.items()
-        }
-
-    def _prepare_processes(
-        self,
-        dist: Distributed,
-        processor: MetricsProcessor,
-        train: BatchPlanner,
-        valid: BatchPlanner | None,
-    ) -> None:
-        """Several processes: check that the loaders shard exactly (and evenly under
-        FSDP), warn about metrics that see one process's data."""
-        train.check_shardable("training")
-        if valid is not None:
-            valid.check_shardable("validation")
-        processor.warn_unmerged_metrics()
-        if self.options.fsdp is not None:
-            train.check_even("training")
-            if valid is not None:
-                valid.check_even("validation")
-        dist.barrier()  # rank 0 has prepared the artifact directory
-
     def _resume_logs(
         self, processor: MetricsProcessor, start: Position, counts: Mapping[str, int] | None
     ) -> None:
@@ -994,37 +567,6 @@ class Learner:
         processor.resume(rows)
 
     # Ending ----------------------------------------------------------------------
-    def _print_summary(self) -> None:
-        from ember.train.summary import LearnerSummary
-
-        summary = LearnerSummary.from_dir(self.artifact_dir)
-        table = replace(summary, outcome=self.outcome).table()  # history.jsonl has it at the end
-        print(table)
-        log.info("%s", table)
-
-    def _close(self, loggers: dict[str, list[MetricLogger]], renderer: Any, reason: str) -> None:
-        """Release everything; an error here is logged, never allowed to hide the
-        error that ended the run."""
-        steps: list[tuple[str, Any]] = [
-            ("the last checkpoint could not be written", self.checkpoints.wait)
-        ]
-        for split_loggers in loggers.values():
-            for logger in split_loggers:
-                steps.append((f"closing {type(logger).__name__} failed", logger.close))
-        steps.append(("a listener failed at the end", lambda: self._emit(End(self.epoch, reason))))
-        steps.append(("the renderer failed at the end", lambda: renderer.end(reason)))
-        steps.append(("the run history could not be written", lambda: self._finish(reason)))
-        for what, step in steps:
-            try:
-                step()
-            except Exception as error:
-                log.error("%s: %s", what, error)
-
-    def _finish(self, reason: str) -> None:
-        if self.run_history.path is not None:
-            self.run_history.finish(reason)
-            end_session(self.artifacts, reason)
-
     def _hook(self, name: str, epoch: int) -> None:
         """Call a callback hook of the run's epochs and splits (none without callbacks)."""
         if self.callbacks is not None and self.callbacks.has(name):
@@ -1098,30 +640,3 @@ class Learner:
         """The model's outputs over `loader`, on the CPU, concatenated along the first
         dimension, as `Evaluator.predict` returns them."""
         return self._evaluator().predict(loader)
-
-
-def batch_tokens(told: Any, output: Any, iteration: int) -> int | torch.Tensor:
-    """The tokens of a training batch, for a duration in tokens: the batch's
-    `num_tokens` (an int), else its output's `tokens` (an int or a tensor)."""
-    if isinstance(told, int) and not isinstance(told, bool):
-        return told
-    tokens = getattr(getattr(output, "item", output), "tokens", None)
-    if tokens is None:
-        raise TrainingError(
-            f"A duration in tokens counts each batch's tokens, and the batch of iteration "
-            f"{iteration} tells none: give the batch a num_tokens attribute (an int), or the "
-            "training output tokens= (an int or a tensor)."
-        )
-    return tokens
-
-
-def token_weight(item: Any, iteration: int) -> int | torch.Tensor:
-    """The tokens of a batch of a run whose losses are means over tokens."""
-    weight = loss_weight(item)
-    if weight is None:
-        raise TrainingError(
-            f"The training output of iteration {iteration} has no loss_reduction='token_mean' "
-            "while the run's first had it: give every batch's output "
-            "loss_reduction='token_mean' and tokens=."
-        )
-    return weight

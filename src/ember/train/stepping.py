@@ -1,0 +1,193 @@
+"""One optimizer step of a fit: its batches' forward and backward, then the step.
+
+`train_step` runs a step's batches (`run_step`), or under `grads_accumulation("auto")`
+runs it again in micro-batches after an out-of-memory error; `run_step` calls the
+model's `train_step` on each batch, checks the fit's first output (`check_output`
+before its backward, `check_metrics` after it), backpropagates each batch's loss with
+its share of the step, and updates the metrics; `step_optimizer` applies the step, or
+skips it after a non-finite loss. Each works on the `Learner` whose epoch calls it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ember.data.device import to_device
+from ember.errors import TrainingError
+from ember.train.batches import Step
+from ember.train.events import ProcessedItem
+from ember.train.oom import run_split
+from ember.train.output import loss_weight, summed_loss_hint
+from ember.train.parallel import no_sync
+from ember.train.processor import MetricsProcessor
+from ember.train.step import call_step, check_train_output
+
+if TYPE_CHECKING:
+    from ember.train.learner import Learner
+
+log = logging.getLogger("ember.train.learner")  # the run's own log, as the loop's
+
+
+def train_step(
+    learner: Learner,
+    processor: MetricsProcessor,
+    step: Step,
+    epoch: int,
+    total: int | None,
+    check: int,
+) -> bool:
+    """`_run_step`, or under `grads_accumulation("auto")` the step run again in
+    micro-batches after an out-of-memory error (`train/oom.py`)."""
+    if learner.optim.micro_split is None:
+        return run_step(learner, processor, step, epoch, total, check)
+    iteration, items, counting = learner.iteration, learner.items, not learner.flops.done
+
+    def attempt(split: Step) -> bool:
+        learner.iteration, learner.items = iteration, items  # a failed attempt counts nothing
+        if counting:  # the FLOPs are counted on a batch that fits
+            learner.flops.done = False
+        return run_step(learner, processor, split, epoch, total, check)
+
+    return run_split(learner.optim, step, attempt)
+
+
+def run_step(
+    learner: Learner,
+    processor: MetricsProcessor,
+    step: Step,
+    epoch: int,
+    total: int | None,
+    check: int,
+) -> bool:
+    """Forward and backward every batch of one optimizer step; False when a loss
+    was not finite. The batch numbered `check` has its output checked. The callbacks'
+    `on_before_optimizer_step` comes before the metrics of the step's last batch
+    (they may read it: `GradNormMetric`), the step after them (a non-finite loss the
+    metrics find stops the run before its step is applied)."""
+    optim, guard, ddp, manual = learner.optim, learner.guard, learner._ddp, learner._manual
+    model = learner.model
+
+    def manual_step(batch: Any) -> Any:  # custom optimization: the step gets the context
+        return model.train_step(batch, manual)  # type: ignore[operator]
+
+    forward = ddp if ddp is not None else learner.model.train_step
+    hooks = learner.callbacks
+    lr = optim.begin_group()
+    last, finite = len(step.batches) - 1, True
+    tokens: Any = 0  # the group's tokens, when its losses are means over tokens
+    origins = step.origins
+    length = learner.length
+    length.start_step()
+    for index, batch in enumerate(step.batches):
+        iteration = step.first + (index if origins is None else origins[index])
+        learner.iteration = iteration
+        learner.items += step.items[index]
+        told = getattr(batch, "num_tokens", None) if length.counts_tokens else None
+        if learner._move:
+            batch = to_device(batch, learner.device)
+        if hooks is not None:
+            hooks.ctx.epoch, hooks.ctx.iteration = epoch, iteration
+        with no_sync(ddp, index < last), learner.flops.count():
+            if manual is not None:  # custom optimization: the step runs backward itself
+                manual.begin(epoch, iteration, index == 0, index == last, step.shares[index])
+                with optim.autocast():
+                    output = call_step(manual_step, batch, "train_step", epoch, iteration)
+                ok = manual.ok
+                if iteration == check:
+                    check_output(learner, processor, output, epoch, manual=True)
+                    check_metrics(learner, processor, output, epoch)
+            else:
+                with optim.autocast():
+                    output = call_step(forward, batch, "train_step", epoch, iteration)
+                if iteration == check:
+                    check_output(learner, processor, output, epoch)
+                ok = guard.check(output.loss, epoch, iteration)
+                finite = ok and finite
+                if hooks is not None:
+                    hooks.ctx.output = output
+                share: Any = step.shares[index]
+                if learner._token_mean:
+                    share = token_weight(output.item, iteration)
+                    tokens = tokens + share
+                optim.backward(output.loss, share)
+                if iteration == check:
+                    check_metrics(learner, processor, output, epoch)
+        if index == last and learner._token_mean:
+            optim.rescale(tokens, learner.dist)  # by the group's tokens on every process
+        if index == last and finite:
+            optim.prepare()
+        if length.counts_tokens:
+            length.count_batch(told, output, iteration)
+        if ok:  # a skipped non-finite batch stays out of the epoch's metrics
+            processor.update(output.item, iteration, step.sizes[index], lr)
+        if learner.listeners:
+            learner._emit(ProcessedItem("train", epoch, iteration, total, output.item, lr))
+    return finite
+
+
+def check_output(
+    learner: Learner, processor: MetricsProcessor, output: Any, epoch: int, manual: bool = False
+) -> None:
+    """The first training output of the fit, before its backward: its type, its
+    loss, how its loss is weighted."""
+    learner._output_checked = True
+    check_train_output(learner.model, output, manual)
+    learner._token_mean = loss_weight(output.item) is not None
+    if learner._token_mean and manual and learner.options.grads_accumulation > 1:
+        raise TrainingError(
+            "loss_reduction='token_mean' weights each accumulated batch by its tokens "
+            "when ember runs backward; a step that runs its own (ctx.backward) under "
+            "grads_accumulation cannot be weighted by them. Accumulate without "
+            "'token_mean' (each batch weighs its samples), or do not accumulate."
+        )
+    guard = learner.guard
+    if not manual and guard.policy == "stop":  # the loss metric's values stand guard
+        guard.covered = processor.watch_loss(output.item, output.loss, guard.nonfinite)
+
+
+def check_metrics(learner: Learner, processor: MetricsProcessor, output: Any, epoch: int) -> None:
+    """The first training output of the fit, once its backward freed the graph (its
+    activations no longer take memory) and before the first optimizer step: what
+    the metrics read, and whether the loss looks summed."""
+    processor.check("train", output.item, epoch)
+    hint = summed_loss_hint(output.item)
+    if hint is not None:
+        log.warning("%s", hint)
+
+
+def step_optimizer(learner: Learner, finite: bool, epoch: int) -> None:
+    """Step, or skip the step of a group with a non-finite loss. Under "skip" with
+    several processes they agree first (one all-reduce of a flag): a NaN on any rank
+    skips the step on every rank, so the replicas stay equal."""
+    elsewhere = False
+    if learner.dist is not None and learner.guard.policy == "skip":
+        agreed = not learner.dist.any(not finite)
+        elsewhere, finite = finite and not agreed, agreed
+    if finite:
+        learner.optim.step()
+        return
+    learner.optim.skip()
+    learner.skipped_steps += 1
+    where = " on another process" if elsewhere else ""
+    message = (
+        f"Skipped the optimizer step at epoch {epoch}, iteration {learner.iteration}: "
+        f"non-finite loss{where} (nonfinite_loss('skip'))."
+    )
+    log.warning("%s", message)
+    print(f"ember: {message}", file=sys.stderr)
+
+
+def token_weight(item: Any, iteration: int) -> int | torch.Tensor:
+    """The tokens of a batch of a run whose losses are means over tokens."""
+    weight = loss_weight(item)
+    if weight is None:
+        raise TrainingError(
+            f"The training output of iteration {iteration} has no loss_reduction='token_mean' "
+            "while the run's first had it: give every batch's output "
+            "loss_reduction='token_mean' and tokens=."
+        )
+    return weight
