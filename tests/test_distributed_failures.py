@@ -195,7 +195,9 @@ def started_ranks(run: Run) -> bool:
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_while_the_ranks_start_stops_every_process(tmp_path, signum):
-    run = start(tmp_path, "--timeout", "120")
+    # Slow steps: a busy machine that delays this test's polling must not let the
+    # whole run finish before the signal arrives.
+    run = start(tmp_path, "--timeout", "120", "--slow", "0.5")
     run.wait_for(lambda: started_ranks(run))  # rank 1 imports; rank 0 waits to join
     sent = time.time()
     run.process.send_signal(signum)
