@@ -132,7 +132,7 @@ def test_without_auto_out_of_memory_ends_the_run_at_once(tmp_path, quiet):
     assert models[0].raised == 1
 
 
-def test_auto_is_refused_with_custom_optimization_or_several_processes(tmp_path):
+def test_auto_is_refused_with_custom_optimization_or_fsdp(tmp_path):
     class Manual(nn.Module):
         def __init__(self):
             super().__init__()
@@ -148,10 +148,10 @@ def test_auto_is_refused_with_custom_optimization_or_several_processes(tmp_path)
         )
     with pytest.raises(ConfigError, match="an int >= 1\\) or 'auto', got 'Auto'"):
         LearnerBuilder(tmp_path).grads_accumulation("Auto")
-    with pytest.raises(ConfigError, match="runs on one process"):
-        LearnerBuilder(tmp_path).grads_accumulation("auto").devices(["cpu", "cpu"]).build(
-            Fits(8), AdamConfig().init(), 1e-2
-        )
+    with pytest.raises(ConfigError, match="not on FSDP shards.* grads_accumulation\\(n\\)"):
+        LearnerBuilder(tmp_path).grads_accumulation("auto").devices(
+            ["cpu", "cpu"], strategy="fsdp"
+        ).build(Fits(8), AdamConfig().init(), 1e-2)
 
 
 @dataclass

@@ -38,8 +38,10 @@ from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
 from ember.train.model_summary import summarize_model
 from ember.train.oom import (
+    RankSplit,
     memory_post_mortem,
     run_split,
+    run_split_ranks,
     start_memory_history,
     stop_memory_history,
 )
@@ -131,6 +133,8 @@ class Learner:
         self._early_stop: Outcome | None = None
         self.dist: Distributed | None = None
         self._ddp: Any = None
+        self._ranks: RankSplit | None = None
+        """grads_accumulation("auto") on several processes: their agreement."""
         self._whole: dict[str, Any] | None = None
         self._move = self.device.type != "cpu"  # batches from a DataLoader are on the CPU
         self._manual: StepContext | None = None
@@ -310,6 +314,8 @@ class Learner:
         )
         if dist is not None:  # the model as the processes share it, before it is restored
             self._ddp = parallelize(self.model, self.optimizer, dist, self.options.fsdp)
+            if self.optim.micro_split is not None:  # grads_accumulation("auto")
+                self._ranks = RankSplit(dist, self.model)
         notes += [*resume.notes, *self.checkpoints.restore(resume, self.model, self.optim, dist)]
         if main:
             overwrite = self.options.overwrite or resume.replace  # checkpoint("auto")
@@ -446,7 +452,7 @@ class Learner:
                 self._resume_logs(processor, start, resume.log_lines)
             processor.restore_epoch_states(resume.metric_states(dist), self.device)
         self.iteration, self.items, stop = start.iteration, start.items, False
-        with join(self._ddp):
+        with self._ranks.join() if self._ranks is not None else join(self._ddp):
             for step in plan:
                 finite = self._train_step(processor, step, epoch, plan.total, start.iteration + 1)
                 self._step_optimizer(finite, epoch)
@@ -492,24 +498,41 @@ class Learner:
         if self.optim.micro_split is None:
             return self._run_step(processor, step, epoch, total, check)
         iteration, items, counting = self.iteration, self.items, not self.flops.done
+        ranks, mark = self._ranks, processor.hold()
 
         def attempt(split: Step) -> bool:
             self.iteration, self.items = iteration, items  # a failed attempt counts nothing
+            processor.undo(mark)  # nor do its metric values
             if counting:  # the FLOPs are counted on a batch that fits
                 self.flops.done = False
-            return self._run_step(processor, split, epoch, total, check)
+            return self._run_step(processor, split, epoch, total, check, ranks)
 
-        return run_split(self.optim, step, attempt)
+        try:
+            if ranks is not None:  # several processes: they agree on every attempt
+                return run_split_ranks(self.optim, step, attempt, ranks)
+            return run_split(self.optim, step, attempt)
+        finally:
+            processor.release()
 
     def _run_step(
-        self, processor: MetricsProcessor, step: Step, epoch: int, total: int | None, check: int
+        self,
+        processor: MetricsProcessor,
+        step: Step,
+        epoch: int,
+        total: int | None,
+        check: int,
+        ranks: RankSplit | None = None,
     ) -> bool:
         """Forward and backward every batch of one optimizer step; False when a loss
         was not finite. The batch numbered `check` has its output checked. The callbacks'
         `on_before_optimizer_step` comes before the metrics of the step's last batch
         (they may read it: `GradNormMetric`), the step after them (a non-finite loss the
-        metrics find stops the run before its step is applied)."""
+        metrics find stops the run before its step is applied). With `ranks`
+        (grads_accumulation("auto") on several processes) the model runs without DDP and
+        the processes agree after the last batch (`RankSplit.settle`)."""
         optim, guard, ddp, manual = self.optim, self.guard, self._ddp, self._manual
+        if ranks is not None:
+            ddp = None  # gradients stay local until every process fitted
         forward = ddp if ddp is not None else self.model.train_step
         hooks = self.callbacks
         lr = optim.begin_group()
@@ -546,7 +569,11 @@ class Learner:
                         share = token_weight(output.item, iteration)
                         tokens = tokens + share
                     optim.backward(output.loss, share)
-            if index == last and self._token_mean:
+            if index == last and ranks is not None:
+                verdict = ranks.settle(finite, tokens if self._token_mean else 0)
+                if self._token_mean:
+                    optim.rescale(verdict.tokens, world=ranks.dist.world)
+            elif index == last and self._token_mean:
                 optim.rescale(tokens, self.dist)  # by the group's tokens on every process
             if index == last and finite:
                 optim.prepare()
@@ -586,7 +613,10 @@ class Learner:
         skips the step on every rank, so the replicas stay equal."""
         elsewhere = False
         if self.dist is not None and self.guard.policy == "skip":
-            agreed = not self.dist.any(not finite)
+            if self._ranks is not None and self._ranks.verdict is not None:
+                agreed = self._ranks.verdict.finite  # the attempt's agreement said it
+            else:
+                agreed = not self.dist.any(not finite)
             elsewhere, finite = finite and not agreed, agreed
         if finite:
             self.optim.step()

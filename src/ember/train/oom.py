@@ -7,6 +7,30 @@ the step fits. The micro-batches' losses are weighted by their share of the step
 samples and their gradients accumulated, so the update is the one of the unsplit batch.
 The split factor stays for the rest of the run and is kept in the checkpoints.
 
+Several processes (DDP) agree on every attempt, and no attempt can leave a process
+waiting in a collective that another one will never join (`RankSplit`):
+
+- an attempt runs its micro-batches' forward and backward with no collective at all:
+  the model is called directly, not through DDP (whose forward may broadcast buffers
+  and whose backward hooks all-reduce gradients), so the gradients stay local;
+- then every process, whether its attempt finished or raised out of memory, makes the
+  same single call: one all-gather of a row of four numbers (taking part, the split it
+  needs or 0, a non-finite loss, its tokens). A process that ran out of memory makes
+  that call from its error handler instead of from the end of its micro-batches, so
+  the call count per attempt is one on every process whatever happened;
+- every process reads the same table: when any process needs a larger split, all of
+  them drop the attempt (no gradient all-reduce, no optimizer step) and run it again
+  with the largest split asked for; otherwise all of them all-reduce the gradients
+  (buckets of a fixed layout, the same on every process) and step;
+- a process whose data ran out before the others' (uneven shards) keeps answering
+  with a row that takes no part, and joins their gradient all-reduces with zeros,
+  until a table shows nobody taking part: every process leaves the epoch on that
+  same call.
+
+An error that is not out of memory (or out of memory once the attempt's table was
+agreed) ends the run as any failure of one rank does (`train/distributed.py`). Runs
+without "auto" keep DDP's own reduction: nothing here runs for them.
+
 With `LearnerBuilder.memory_history()`, a run on CUDA records its allocations; when an
 out-of-memory error ends it anyway, PyTorch's memory snapshot is written to the artifact
 directory and the error names the largest live allocations.
@@ -14,13 +38,14 @@ directory and the error names the largest live allocations.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import torch
 
@@ -127,6 +152,234 @@ def run_split(optim: Any, step: Step, run_step: Callable[[Step], bool]) -> bool:
             message,
             optim.micro_split,
         )
+
+
+class Retry(Exception):
+    """Another process ran out of memory: this attempt is dropped on every process."""
+
+
+@dataclasses.dataclass
+class Verdict:
+    """What the processes agreed on after one attempt (the same on every process)."""
+
+    active: int
+    """Processes that ran the attempt (the others' data ran out: they only take part)."""
+    split: int
+    """The split the next attempt uses (0: no process ran out of memory)."""
+    short: list[int]
+    """The ranks that ran out of memory."""
+    spent: list[int]
+    """The ranks that ran out of memory with micro-batches of one sample."""
+    finite: bool
+    """No process saw a non-finite loss."""
+    tokens: float
+    """The attempt's tokens over every process (losses that are means over tokens)."""
+
+    @property
+    def proceeds(self) -> bool:
+        return self.active > 0 and not self.short
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+class RankSplit:
+    """grads_accumulation("auto") on several processes: the model's gradients stay
+    local during an attempt; `agree` is the attempt's one collective, `reduce` averages
+    the gradients once every process fitted, and `join` keeps a process whose data ran
+    out answering the others (the module's docstring tells why this cannot hang)."""
+
+    BUCKET_BYTES = 25 * 1024 * 1024  # as DDP's buckets: bounded extra memory
+
+    def __init__(self, dist: Any, model: torch.nn.Module) -> None:
+        self.dist = dist
+        self.model = model
+        self.verdict: Verdict | None = None
+        self.last_active: list[int] = []
+        """The ranks that ran the latest attempt of the epoch."""
+        self._device = dist.device if dist.backend == "nccl" else torch.device("cpu")
+
+    def agree(self, active: bool, need: int = 0, finite: bool = True, tokens: Any = 0) -> Verdict:
+        """One all-gather of every process's row; the verdict every process reads."""
+        import torch.distributed as tdist
+
+        dist = self.dist
+        dist.progress += 1
+        row = torch.tensor(
+            [float(active), float(need), float(not finite), float(tokens)],
+            dtype=torch.float64,
+            device=self._device,
+        )
+        table = [torch.empty_like(row) for _ in range(dist.world)]
+        tdist.all_gather(table, row)
+        rows = torch.stack(table).cpu().tolist()
+        dist.progress += 1
+        needs = [int(needed) for _, needed, _, _ in rows]
+        taking = [rank for rank, row in enumerate(rows) if row[0]]
+        if taking:
+            self.last_active = taking
+        self.verdict = Verdict(
+            active=sum(int(taking) for taking, _, _, _ in rows),
+            split=max(needs),
+            short=[rank for rank, needed in enumerate(needs) if needed != 0],
+            spent=[rank for rank, needed in enumerate(needs) if needed < 0],
+            finite=not any(bad for _, _, bad, _ in rows),
+            tokens=sum(count for _, _, _, count in rows),
+        )
+        return self.verdict
+
+    def settle(self, finite: bool, tokens: Any) -> Verdict:
+        """The end of an attempt whose micro-batches all ran here: agree; raise `Retry`
+        when another process ran out of memory, else average the gradients."""
+        verdict = self.agree(True, 0, finite, tokens)
+        if verdict.spent:
+            self.spent(verdict)
+        if not verdict.proceeds:
+            raise Retry
+        self.reduce()
+        return verdict
+
+    def spent(self, verdict: Verdict) -> NoReturn:
+        """Another rank cannot split further: its error ends the run. Wait for it in a
+        collective it never joins (the group's failure handling ends the wait and says
+        which rank failed and why), so the run reports that rank's error."""
+        self.dist.barrier()
+        raise TrainingError(  # not reached while the ranks' failure handling works
+            f"Out of memory on {_ranks_text(verdict.spent)} with micro-batches of one "
+            "sample: grads_accumulation('auto') cannot split further."
+        )
+
+    def reduce(self, shadow: bool = False) -> None:
+        """Average the gradients over the processes (sums divided by the world), in
+        buckets laid out by the parameters' order, dtype and device (the same on every
+        process). A parameter without a gradient sends zeros; `shadow`: this process
+        only takes part (its data ran out) and keeps no gradient."""
+        import torch.distributed as tdist
+
+        dist = self.dist
+        params = [param for param in self.model.parameters() if param.requires_grad]
+        groups: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
+        for param in params:
+            groups.setdefault((param.dtype, param.device), []).append(param)
+        dist.progress += 1
+        for (dtype, device), members in groups.items():
+            bucket: list[torch.nn.Parameter] = []
+            size = 0
+            for param in members:
+                bucket.append(param)
+                size += param.numel() * param.element_size()
+                if size >= self.BUCKET_BYTES:
+                    self._reduce_bucket(bucket, dtype, device, shadow, tdist)
+                    bucket, size = [], 0
+            if bucket:
+                self._reduce_bucket(bucket, dtype, device, shadow, tdist)
+        dist.progress += 1
+
+    def _reduce_bucket(
+        self, bucket: list[Any], dtype: torch.dtype, device: torch.device, shadow: bool, tdist: Any
+    ) -> None:
+        flat = torch.zeros(sum(param.numel() for param in bucket), dtype=dtype, device=device)
+        offset = 0
+        for param in bucket:
+            if param.grad is not None and not shadow:
+                flat[offset : offset + param.numel()].copy_(param.grad.reshape(-1))
+            offset += param.numel()
+        tdist.all_reduce(flat, op=tdist.ReduceOp.SUM)
+        if shadow:
+            return
+        flat.div_(self.dist.world)
+        offset = 0
+        for param in bucket:
+            piece = flat[offset : offset + param.numel()].view_as(param)
+            if param.grad is None:
+                param.grad = piece.clone()
+            else:
+                param.grad.copy_(piece)
+            offset += param.numel()
+
+    @contextlib.contextmanager
+    def join(self) -> Iterator[None]:
+        """An epoch's steps; after the last one of this process, answer the others'
+        attempts (a row that takes no part, zeros in their gradient all-reduces) until
+        no process takes part; then the processes whose data ran out first receive the
+        weights of one that ran to the end (as under DDP's join). Not after an error:
+        that ends the run."""
+        self.last_active = []
+        yield
+        while True:
+            verdict = self.agree(False)
+            if verdict.active == 0:
+                break
+            if verdict.spent:
+                self.spent(verdict)
+            if verdict.proceeds:
+                self.reduce(shadow=True)
+        if self.last_active and len(self.last_active) < self.dist.world:
+            self._sync_weights(self.last_active[0])
+
+    def _sync_weights(self, source: int) -> None:
+        """Every process takes the parameters and buffers of rank `source`."""
+        import torch.distributed as tdist
+
+        self.dist.progress += 1
+        with torch.no_grad():
+            for tensor in [*self.model.parameters(), *self.model.buffers()]:
+                tdist.broadcast(tensor.data, src=source)
+        self.dist.progress += 1
+
+
+def run_split_ranks(
+    optim: Any, step: Step, run_step: Callable[[Step], bool], ranks: RankSplit
+) -> bool:
+    """`run_split` on several processes: `run_step` ends with `ranks.settle` (the
+    agreement and the gradient average); a process that runs out of memory agrees from
+    here instead, and every process runs the attempt again with the largest split any
+    of them asked for. Rank 0 logs the new split, naming the ranks that needed it."""
+    while True:
+        factor = optim.micro_split
+        largest = max(step.sizes, default=1)
+        ranks.verdict = None
+        spent: BaseException | None = None
+        message = ""
+        try:
+            return run_step(split_step(step, factor))
+        except Retry:
+            pass
+        except torch.OutOfMemoryError as error:
+            if ranks.verdict is not None:  # after the agreement: the run cannot go on
+                raise
+            if factor >= largest:
+                error.add_note(  # type: ignore[attr-defined]
+                    "ember: grads_accumulation('auto') already splits every batch into "
+                    f"micro-batches of one sample ({factor} per batch) on this process: "
+                    "the model does not fit for a single sample."
+                )
+                spent = error
+            else:
+                message = str(error).splitlines()[0] if str(error) else "out of memory"
+        if ranks.verdict is None:  # ran out of memory here: agree from here
+            need = -1 if spent is not None else min(factor * 2, largest)
+            ranks.agree(True, need)
+        verdict = ranks.verdict
+        assert verdict is not None
+        if spent is not None:
+            raise spent
+        if verdict.spent:
+            ranks.spent(verdict)
+        optim.skip()
+        free_memory()
+        optim.micro_split = max(factor, verdict.split)
+        if ranks.dist.main:
+            log.warning(
+                "Out of memory at iteration %d on %s%s: every batch is now split into %d "
+                "micro-batches on every process (gradients accumulated: the same update), "
+                "for the rest of the run.",
+                step.first,
+                _ranks_text(verdict.short),
+                f" ({message})" if message else "",
+                optim.micro_split,
+            )
 
 
 def free_memory() -> None:
