@@ -616,8 +616,9 @@ class LearnerBuilder:
         if self._fsdp is not None:
             raise ConfigError(
                 "grads_accumulation('auto') runs on one process or DDP replicas, not on "
-                "FSDP shards. Set the split yourself: a smaller batch size with "
-                "grads_accumulation(n), or train with devices(...) under DDP."
+                "FSDP shards: FSDP gathers the parameters inside every forward pass, where a "
+                "rank that runs out of memory would leave the others waiting. Set the split "
+                "yourself (a smaller batch size with grads_accumulation(n)), or use DDP."
             )
 
     def _optimization(

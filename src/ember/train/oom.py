@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn
 import torch
 
 from ember.errors import TrainingError
+from ember.train.distributed import name_wait
 
 if TYPE_CHECKING:
     from ember.train.batches import Step
@@ -327,6 +328,12 @@ class RankSplit:
             for tensor in [*self.model.parameters(), *self.model.buffers()]:
                 tdist.broadcast(tensor.data, src=source)
         self.dist.progress += 1
+
+
+name_wait(
+    RankSplit.agree.__code__, "the processes' agreement after a step of grads_accumulation('auto')"
+)
+name_wait(RankSplit.reduce.__code__, "the average of the gradients of grads_accumulation('auto')")
 
 
 def run_split_ranks(
