@@ -26,8 +26,8 @@ order rotating between repetitions:
 
 Each process times `--epochs` epochs of `--steps` steps from the first step to the end
 of fit (synchronised), counts host synchronisations with
-`torch.cuda.set_sync_debug_mode("warn")` (one warning per synchronising call) over the
-same span, and reads `torch.cuda.max_memory_allocated()`. Reported: medians, fit time
+`torch.cuda.set_sync_debug_mode("warn")` (one warning per synchronising call) plus every
+`torch.cuda.Event.synchronize()` over the same span, and reads `torch.cuda.max_memory_allocated()`. Reported: medians, fit time
 over the raw loop's paired by repetition, syncs per epoch, peak memory over raw's.
 Needs a CUDA device; it says so and stops without one.
 """
@@ -44,6 +44,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 WORKLOADS = ("mlp", "resnet18", "transformer")
 RECORDERS = (
@@ -298,6 +299,15 @@ def child(variant: str, workload: str, steps: int, epochs: int, device_name: str
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    waits = [0]
+    if cuda:  # waits on events are synchronisations too; the debug mode may not see them
+        event_wait = torch.cuda.Event.synchronize
+
+        def counted(event: Any) -> None:
+            waits[0] += 1
+            event_wait(event)
+
+        torch.cuda.Event.synchronize = counted  # type: ignore[method-assign]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if cuda:
@@ -317,7 +327,8 @@ def child(variant: str, workload: str, steps: int, epochs: int, device_name: str
         finally:
             if cuda:
                 torch.cuda.set_sync_debug_mode(0)
-    syncs = sum("synchronizing" in str(w.message) for w in caught)
+                torch.cuda.Event.synchronize = event_wait  # type: ignore[method-assign]
+    syncs = waits[0] + sum("synchronizing" in str(w.message) for w in caught)
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else float("nan")
     return {"fit_s": seconds, "syncs": syncs, "peak_mib": peak, **values}
 

@@ -8,6 +8,7 @@ from typing import Callable, Literal
 import torch
 
 from ember.errors import TrainingError
+from ember.train import host
 
 NonFinitePolicy = Literal["stop", "skip"]
 
@@ -23,11 +24,13 @@ class LossGuard:
     `stop` with a `LossMetric` on the training split that reads the loss the step
     backpropagates (`covered`): the guard does nothing per step; the metrics processor
     reports a non-finite value (`nonfinite`) when the metric's values reach the host,
-    at once on the CPU (before the optimizer step), at each metrics tick and at the end
-    of the split on an accelerator. Without such a metric, on the CPU every loss is
-    checked at once; on an accelerator `stop` checks in bulk every `every` steps (no
-    per-step sync), so up to that many steps may run before the stop. `skip` has to
-    look at every loss before its step, and syncs each step on an accelerator.
+    at once on the CPU (before the optimizer step), as they arrive and at the end of
+    the split on an accelerator. Without such a metric, on the CPU every loss is
+    checked at once; on an accelerator `stop` collects a finiteness flag per step and
+    every `every` steps starts them on their way to the host without waiting
+    (`ember.train.host`), so a stop comes a few steps late, and at the latest at the
+    split's end (`flush`). `skip` has to look at every loss before its step, and syncs
+    each step on an accelerator.
     """
 
     def __init__(
@@ -39,17 +42,18 @@ class LossGuard:
     ) -> None:
         self.policy = policy
         self.last_checkpoint = last_checkpoint
-        self.immediate = device.type == "cpu" or policy == "skip"
         self.every = every
         self.covered = False
         """The training loss metric reports non-finite losses: no check per step."""
         self._pending: list[tuple[int, int, torch.Tensor]] = []
+        self._copies = host.HostCopies()
+        self._in_flight: list[tuple[list[tuple[int, int]], host.Transfer]] = []
 
     def check(self, loss: torch.Tensor, epoch: int, iteration: int) -> bool:
         """True when the loss is finite (as far as is known now)."""
         if self.covered:
             return True
-        if self.immediate:
+        if self.policy == "skip" or host.on_host(loss):
             value = float(loss.detach())
             if math.isfinite(value):
                 return True
@@ -58,7 +62,8 @@ class LossGuard:
             raise self._error(value, epoch, iteration)
         self._pending.append((epoch, iteration, torch.isfinite(loss.detach())))
         if len(self._pending) >= self.every:
-            self.flush()
+            self._launch()
+            self._read(wait=False)
         return True
 
     def nonfinite(self, epoch: int, iteration: int, value: float) -> None:
@@ -66,14 +71,26 @@ class LossGuard:
         raise self._error(value, epoch, iteration)
 
     def flush(self) -> None:
-        """Check the deferred losses (accelerators, `stop` policy)."""
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        finite = torch.stack([flag for _, _, flag in pending]).cpu().tolist()
-        for (epoch, iteration, _), ok in zip(pending, finite):
-            if not ok:
-                raise self._error(math.nan, epoch, iteration)
+        """Check every deferred loss (accelerators, `stop` policy), waiting once for
+        those still on their way."""
+        self._launch()
+        self._read(wait=True)
+
+    def _launch(self) -> None:
+        if self._pending:
+            pending, self._pending = self._pending, []
+            flags = torch.stack([flag for _, _, flag in pending])
+            where = [(epoch, iteration) for epoch, iteration, _ in pending]
+            self._in_flight.append((where, self._copies.launch([flags])))
+
+    def _read(self, wait: bool) -> None:
+        if wait and self._in_flight:
+            self._in_flight[-1][1].values()  # queued last: the others are done with it
+        while self._in_flight and (wait or self._in_flight[0][1].ready()):
+            where, transfer = self._in_flight.pop(0)
+            for (epoch, iteration), ok in zip(where, transfer.values()[0]):
+                if not ok:
+                    raise self._error(math.nan, epoch, iteration)
 
     def _error(self, value: float, epoch: int, iteration: int) -> NonFiniteLoss:
         kind = "NaN" if math.isnan(value) else "infinite"

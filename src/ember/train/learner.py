@@ -146,6 +146,7 @@ class Learner:
         self.skipped_steps = 0
         """Optimizer steps skipped for a non-finite loss in this run (`nonfinite_loss("skip")`)."""
         self._token_mean = False
+        self._output_checked = False
         """The steps' losses are means over tokens: each batch's gradient is weighted by them."""
         self._fitted = False
         self._run_lock: RunLock | None = None
@@ -296,6 +297,7 @@ class Learner:
         then prepare the directory, open the log and make the loggers."""
         dist = self.dist
         main = dist is None or dist.main
+        self._output_checked = False
         check_not_empty(train, "training", "fit(train, ...)")
         if valid is not None:
             check_not_empty(valid, "validation", "fit(train) without validation data")
@@ -452,9 +454,10 @@ class Learner:
                 self._resume_logs(processor, start, resume.log_lines)
             processor.restore_epoch_states(resume.metric_states(dist), self.device)
         self.iteration, self.items, stop = start.iteration, start.items, False
+        check = 0 if self._output_checked else start.iteration + 1  # once a fit
         with self._ranks.join() if self._ranks is not None else join(self._ddp):
             for step in plan:
-                finite = self._train_step(processor, step, epoch, plan.total, start.iteration + 1)
+                finite = self._train_step(processor, step, epoch, plan.total, check)
                 self._step_optimizer(finite, epoch)
                 if self._point_due(step, plan.total, valid) and self._valid_point(
                     processor, valid, epoch
@@ -589,7 +592,8 @@ class Learner:
     def _check_output(
         self, processor: MetricsProcessor, output: Any, epoch: int, manual: bool = False
     ) -> None:
-        """The first training output of the run: its type, its loss, what metrics read."""
+        """The first training output of the fit: its type, its loss, what metrics read."""
+        self._output_checked = True
         check_train_output(self.model, output, manual)
         processor.check("train", output.item, epoch)
         self._token_mean = loss_weight(output.item) is not None

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ember.errors import TrainingError
+from ember.train import host
 from ember.train.metric.inputs import (
     ClassificationInput,
     ImageInput,
@@ -266,7 +267,8 @@ def summed_loss_hint(output: Any) -> str | None:
                 return None
         except (RuntimeError, ValueError, IndexError):
             return None
-        value, expected = float(loss.detach().float()), float(mean)
+        # one read of both (a run's first output only)
+        value, expected = host.HostCopies().launch([loss.detach().float(), mean]).values()
     if expected > 0 and abs(value - count * expected) <= 1e-3 * count * expected:
         return (
             f"The step's loss ({value:.6g}) is {count} times the batch's mean loss: it looks "

@@ -1,8 +1,11 @@
 """Feeds step outputs to the metrics, and metric values to the loggers and the renderer.
 
-Metric updates stay on the device. Every `tick` seconds (and at each split's end)
-the pending values move to the host in one transfer, then go to the loggers and
-the renderer. The loop never waits on an accelerator for a metric.
+Metric updates stay on the device. Every `tick` seconds the values computed since the
+last tick start their way to the host (`ember.train.host`: non-blocking copies into
+reused pinned buffers); the values of an earlier tick whose copies are done go to the
+loggers and the renderer. The loop never waits on an accelerator for a metric between
+split ends: a split's end waits once for the rest (its values, and the epoch values
+metrics compute on the device), and a checkpoint inside an epoch once.
 """
 
 from __future__ import annotations
@@ -17,15 +20,19 @@ from torch import Tensor
 
 from ember.data.device import describe
 from ember.errors import EmberError, TrainingError
+from ember.train import host
 from ember.train.logger.base import MetricLogger, MetricRecord
 from ember.train.metric.adapt import adapt
 from ember.train.metric.base import MetricMetadata, RegisteredMetric
 from ember.train.metric.inputs import LossInput
 from ember.train.metric.loss import LossMetric
-from ember.train.metric.state import MetricState, to_host
+from ember.train.metric.state import MetricState
 from ember.train.renderer.base import MetricView, Progress, Renderer
 
 log = logging.getLogger(__name__)
+
+TICK = 0.1
+"""Seconds between two hand-overs of metric values to the loggers and the renderer."""
 
 
 class MetricsProcessor:
@@ -37,7 +44,7 @@ class MetricsProcessor:
         loggers: Mapping[str, Sequence[MetricLogger]],
         renderer: Renderer | None,
         num_epochs: int,
-        tick: float = 0.1,
+        tick: float | None = None,
         gathers: bool = False,
     ) -> None:
         self.states = {
@@ -47,7 +54,7 @@ class MetricsProcessor:
         self.loggers = loggers
         self.renderer = renderer
         self.num_epochs = num_epochs
-        self.tick = tick
+        self.tick = TICK if tick is None else tick
         self._split = "train"
         self._epoch = 0
         self._iteration = 0
@@ -59,6 +66,9 @@ class MetricsProcessor:
         self._held = False
         self._loss_state: MetricState | None = None
         self._on_nonfinite: Callable[[int, int, float], None] | None = None
+        self._copies = host.HostCopies()
+        self._in_flight: list[tuple[list[tuple[MetricState, list[Any]]], host.Transfer]] = []
+        """Ticks' values on their way to the host, oldest first."""
         self.matrices: dict[str, list[list[int]]] = {}
         """The count matrices of the split that ended last (matrix metrics such as the
         confusion matrix), by metric name; under several processes, rank 0's covers
@@ -101,7 +111,7 @@ class MetricsProcessor:
         for state in self.states.get(split, ()):
             adapted = adapt(item, state.input_type, state.name)
             try:
-                with torch.no_grad():
+                with torch.no_grad(), host.at_once():
                     value = state.metric.update(adapted, meta)
             except EmberError as error:  # its own message says what is wrong and the fix
                 raise TrainingError(
@@ -159,11 +169,11 @@ class MetricsProcessor:
                     number, weight = value.value, value.weight
                     # Values already on the host are read at once (no sync, and no small
                     # tensors kept alive between ticks); device values wait for the tick.
-                    if type(number) is Tensor and number.is_cpu:
+                    if type(number) is Tensor and host.on_host(number):
                         number = _item(number, state.name)
                         if state is self._loss_state:
                             self._check_loss(state, iteration, number)
-                    if type(weight) is Tensor and weight.is_cpu:
+                    if type(weight) is Tensor and host.on_host(weight):
                         weight = _item(weight, state.name)
                     divisor = value.divisor
                     factor = value.scale if divisor == 1.0 else (value.scale, divisor)
@@ -171,7 +181,7 @@ class MetricsProcessor:
             finally:
                 torch._C._set_grad_enabled(grad)
         if time.monotonic() >= self._next_tick and not self._held:
-            self.flush()
+            self._tick()
 
     def hold(self) -> tuple[int, int, list[int]]:
         """Keep the coming updates on the device, undoable (`undo`) until `release`:
@@ -190,7 +200,19 @@ class MetricsProcessor:
     def release(self) -> None:
         self._held = False
         if time.monotonic() >= self._next_tick:
-            self.flush()
+            self._tick()
+
+    def _tick(self) -> None:
+        """Hand on what has arrived on the host; start this tick's values on their way
+        (when the previous tick's have arrived). Never waits on an accelerator."""
+        records = self._arrived()
+        if not self._in_flight:
+            self._launch()
+            records += self._arrived()  # host values (and CPU tensors) arrive at once
+        self._publish(records)
+        if self.renderer is not None:
+            self.renderer.update(self.progress(), self.views(), records)
+        self._next_tick = time.monotonic() + self.tick
 
     def progress(self) -> Progress:
         return Progress(
@@ -203,33 +225,50 @@ class MetricsProcessor:
             time.monotonic() - self._started,
         )
 
-    def _drain(self) -> list[MetricRecord]:
-        """Move pending device values to the host (one transfer per device) and return
-        the numeric records."""
-        states = self.states.get(self._split, ())
-        on_device: list[Any] = []
-        for state in states:
-            for _, number, weight, _ in state.pending:
-                if isinstance(number, Tensor):
-                    on_device.append(number)
-                if isinstance(weight, Tensor):
-                    on_device.append(weight)
-        host = iter(to_host(on_device)) if on_device else None
-        records: list[MetricRecord] = []
-        for state in states:
+    def _launch(self) -> None:
+        """Start the values computed since the last launch on their way to the host."""
+        batch: list[tuple[MetricState, list[Any]]] = []
+        tensors: list[Tensor] = []
+        for state in self.states.get(self._split, ()):
             if not state.pending:
                 continue
+            batch.append((state, state.pending))
+            for _, number, weight, _ in state.pending:
+                if isinstance(number, Tensor):
+                    tensors.append(number)
+                if isinstance(weight, Tensor):
+                    tensors.append(weight)
+            state.pending = []
+        if batch:
+            self._in_flight.append((batch, self._copies.launch(tensors)))
+
+    def _arrived(self, wait: bool = False) -> list[MetricRecord]:
+        """The records of the launched values that reached the host, in order (`wait`:
+        all of them, waiting once for the newest if need be)."""
+        if wait and self._in_flight:
+            self._in_flight[-1][1].values()  # its copies were queued after the others
+        records: list[MetricRecord] = []
+        while self._in_flight and (wait or self._in_flight[0][1].ready()):
+            batch, transfer = self._in_flight.pop(0)
+            records += self._finish(batch, iter(transfer.values()))
+        return records
+
+    def _finish(
+        self, batch: list[tuple[MetricState, list[Any]]], host_values: Any
+    ) -> list[MetricRecord]:
+        """Count one launch's rows into the states; return their records."""
+        records: list[MetricRecord] = []
+        for state, pending in batch:
             rows: list[tuple[float, float]] = []
             name = state.name
-            for iteration, number, weight, factor in state.pending:
+            for iteration, number, weight, factor in pending:
                 if isinstance(number, str):
                     state.last = number
                     continue
-                if host is not None:
-                    if isinstance(number, Tensor):
-                        number = next(host)
-                    if isinstance(weight, Tensor):
-                        weight = next(host)
+                if isinstance(number, Tensor):
+                    number = next(host_values)
+                if isinstance(weight, Tensor):
+                    weight = next(host_values)
                 if type(factor) is tuple:  # value * scale / divisor: a correctly rounded ratio
                     number = float(number) * factor[0] / factor[1]
                 elif factor != 1.0:
@@ -241,7 +280,6 @@ class MetricsProcessor:
                     self._check_loss(state, iteration, number)
                 rows.append((number, weight))
                 records.append(MetricRecord(name, iteration, number, weight))
-            state.pending.clear()
             state.add_rows(rows)
         return records
 
@@ -265,8 +303,8 @@ class MetricsProcessor:
         return result
 
     def flush(self, dist: Any = None) -> None:
-        """A render tick: host transfer, loggers, renderer (every process's values
-        under several processes)."""
+        """Everything computed so far to the loggers and the renderer (every process's
+        values under several processes); waits for the values still on their way."""
         records = self.sync(dist)
         if self.renderer is not None:
             self.renderer.update(self.progress(), self.views(), records)
@@ -368,25 +406,39 @@ class MetricsProcessor:
     def sync(self, dist: Any = None) -> list[MetricRecord]:
         """Write everything computed so far (from every process) to the loggers; return
         the records written."""
-        records = self._drain()
+        self._launch()
+        records = self._arrived(wait=True)
+        self._publish(records, dist)
+        return records
+
+    def _publish(self, records: list[MetricRecord], dist: Any = None) -> None:
+        """Records to the loggers (under several processes, with every rank's rows)."""
         if dist is not None:
             self._gather(dist, records)
         if records:
             for logger in self.loggers.get(self._split, ()):
                 logger.log(self._split, self._epoch, records)
-        return records
 
     def end_split(self, dist: Any = None) -> dict[str, float]:
         """Finish the current split's epoch; return each metric's epoch value (under
         several processes, rank 0's, which covers every rank's samples)."""
-        records = self.sync(dist)
+        self._launch()
         self._apply_restore()
         if dist is not None:
             self._merge_epoch_states(dist)
+        states = self.states.get(self._split, ())
+        own = [state.own_epoch_value() for state in states]
+        # One wait for it all: the epoch values computed on the device are copied after
+        # the split's last metric values, so once they are here, everything is.
+        on_device = [value for value in own if isinstance(value, Tensor)]
+        arrived = iter(self._copies.launch(on_device).values())
+        own = [next(arrived) if isinstance(value, Tensor) else value for value in own]
+        records = self._arrived(wait=True)
+        self._publish(records, dist)
         aggregates: dict[str, float] = {}
         self.matrices = {}
-        for state in self.states.get(self._split, ()):
-            value = state.epoch_value()
+        for state, value in zip(states, own):
+            value = state.epoch_value(value)
             if value is not None:
                 aggregates[state.name] = value
             matrix = getattr(state.metric, "matrix", None)

@@ -9,22 +9,24 @@ from typing import Any, Callable
 
 import torch
 
+from ember.train import host
+
 
 class Snapshots:
     """Copies state trees to the host for a background write, waiting once for them all.
 
-    A CUDA tensor is copied without blocking into a pinned host buffer kept from the
-    previous snapshot (reused while its shape and dtype stay the same, so a run
-    allocates its pinned memory once: the size of the state); `wait()` then waits once
-    per device for every copy. A CPU tensor is copied plainly; a tensor on another
-    device is copied to the CPU as it comes. The buffers are overwritten by the next
-    snapshot: take it only once the write of the previous one is done.
+    A tensor on an accelerator is copied without blocking into a pinned host buffer
+    kept from the previous snapshot (reused while its shape and dtype stay the same,
+    so a run allocates its pinned memory once: the size of the state); `wait()` then
+    waits once per device for every copy (`ember.train.host`). A CPU tensor is copied
+    plainly. The buffers are overwritten by the next snapshot: take it only once the
+    write of the previous one is done.
     """
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[str, int], torch.Tensor] = {}
         self._used: set[tuple[str, int]] = set()
-        self._streams: dict[torch.device, Any] = {}
+        self._devices: list[torch.device] = []
 
     def take(self, part: str, tree: Any) -> Any:
         """A deep copy of `tree` (named `part` among the trees of one snapshot) with its
@@ -36,16 +38,18 @@ class Snapshots:
 
         def to_host(tensor: torch.Tensor) -> torch.Tensor:
             tensor = tensor.detach()
-            if tensor.device.type != "cuda":
+            if host.on_host(tensor):
                 return tensor.to("cpu", copy=True)
             key = (part, next(count))
             buffer = self._buffers.get(key)
             if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-                buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                flat = host.host_buffer(tensor.numel(), tensor.dtype, tensor.device)
+                buffer = flat.view(tensor.shape)
                 self._buffers[key] = buffer
             self._used.add(key)
             buffer.copy_(tensor, non_blocking=True)
-            self._streams.setdefault(tensor.device, torch.cuda.current_stream(tensor.device))
+            if tensor.device not in self._devices:
+                self._devices.append(tensor.device)
             return buffer
 
         return map_tensors(tree, to_host, copy.deepcopy)
@@ -53,9 +57,10 @@ class Snapshots:
     def wait(self) -> None:
         """Wait for the copies of the trees taken since the last wait (once per device);
         free the buffers this snapshot did not use."""
-        streams, self._streams = self._streams, {}
-        for stream in streams.values():
-            stream.synchronize()
+        devices, self._devices = self._devices, []
+        for event in map(host.record_event, devices):
+            if event is not None:
+                event.synchronize()
         for key in [key for key in self._buffers if key not in self._used]:
             del self._buffers[key]
         self._used = set()

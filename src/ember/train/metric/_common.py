@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 import torch
 
 from ember.errors import ConfigError, TrainingError
+from ember.train import host
 from ember.train.metric.base import MetricValue
 
 
@@ -45,14 +46,18 @@ class FirstBatch:
     Shapes are host metadata and are checked at every update, for free; values (class
     ids within range, probabilities within [0, 1]...) live on the device. While `due`,
     a metric adds one boolean tensor per check, True when the check fails, and
-    `verify()` reads them all in one transfer: one read per epoch, none per step. A
-    model that returns the wrong values fails on its first batch, before the first
-    optimizer step.
+    `verify()` reads them all in one transfer. The first batch of a run is checked at
+    once (the metrics processor's check, `ember.train.host.at_once`): a model that
+    returns the wrong values fails on its first batch, before the first optimizer step.
+    Later epochs' checks never wait for an accelerator: their flags travel to the host
+    without blocking, and a later `verify()` raises once they arrived.
     """
 
     def __init__(self) -> None:
         self.due = True
         self._checks: list[tuple[torch.Tensor, Callable[[], str]]] = []
+        self._late: tuple[host.Transfer, list[Callable[[], str]]] | None = None
+        self._copies: host.HostCopies | None = None
 
     def reset(self) -> None:
         """Check the values again on the next update."""
@@ -68,15 +73,30 @@ class FirstBatch:
     def verify(self) -> None:
         """Read the checks added since the last reset (once) and raise a `TrainingError`
         with the message of the first that failed."""
+        late = self._late
+        if late is not None and late[0].ready():
+            self._late = None
+            _raise_failed(late[0].values()[0], late[1])
         if not self.due:
             return
         checks, self._checks = self._checks, []
-        if checks:
-            failed = torch.stack([flag for flag, _ in checks]).tolist()  # one transfer
-            for bad, (_, message) in zip(failed, checks):
-                if bad:
-                    raise TrainingError(message())
         self.due = False
+        if not checks:
+            return
+        if self._copies is None:
+            self._copies = host.HostCopies()
+        transfer = self._copies.launch([torch.stack([flag for flag, _ in checks])])
+        messages = [message for _, message in checks]
+        if host.wanted_at_once() or transfer.ready():
+            _raise_failed(transfer.values()[0], messages)
+        else:
+            self._late = (transfer, messages)
+
+
+def _raise_failed(failed: list[bool], messages: list[Callable[[], str]]) -> None:
+    for bad, message in zip(failed, messages):
+        if bad:
+            raise TrainingError(message())
 
 
 class Probabilities:

@@ -86,6 +86,11 @@ class ExactSum:
         return sum(self._terms)
 
 
+MEAN = object()
+"""`MetricState.own_epoch_value` of a metric without its own epoch value."""
+_UNREAD = object()
+
+
 class MetricState:
     """One registered metric in one split. Values on an accelerator are kept as they
     come and moved to the host in bulk by `MetricsProcessor`; host values are read at once.
@@ -144,36 +149,27 @@ class MetricState:
         weight = self._weights.approximate()
         return self._products.approximate() / weight if weight > 0 else None
 
-    def epoch_value(self) -> float | None:
-        """The epoch's value: the metric's own `epoch_value()`, or the weighted mean of
-        the rows, exactly as readers of the log files compute it (`weighted_mean`)."""
+    def own_epoch_value(self) -> Any:
+        """The metric's own `epoch_value()` (a tensor may still be on its device), or
+        `MEAN` when the epoch value is the weighted mean of the rows."""
         own = getattr(self.metric, "epoch_value", None)
-        if callable(own):
-            value = own()
-            if value is None:
+        return own() if callable(own) else MEAN
+
+    def epoch_value(self, own: Any = _UNREAD) -> float | None:
+        """The epoch's value: the metric's own `epoch_value()` (`own`, already read,
+        when given), or the weighted mean of the rows, exactly as readers of the log
+        files compute it (`weighted_mean`)."""
+        if own is _UNREAD:
+            own = self.own_epoch_value()
+        if own is not MEAN:
+            if own is None:
                 return None
-            if isinstance(value, torch.Tensor):
-                return float(value.detach().double().cpu())
-            return float(value)
+            if isinstance(own, torch.Tensor):
+                return float(own.detach().double().cpu())
+            return float(own)
         if not self.count:
             return None
         total = self._weights.value()
         if total == 0:
             return math.nan
         return self._products.value() / total
-
-
-def to_host(values: list[Any]) -> list[float]:
-    """Numbers and scalar tensors as floats, with one transfer per device and dtype."""
-    out: list[float] = [0.0] * len(values)
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for index, value in enumerate(values):
-        if isinstance(value, torch.Tensor):
-            groups.setdefault((value.device, value.dtype), []).append(index)
-        else:
-            out[index] = float(value)
-    for indexes in groups.values():
-        stacked = torch.stack([values[i].detach().reshape(()) for i in indexes])
-        for i, number in zip(indexes, stacked.to("cpu").double().tolist()):
-            out[i] = number
-    return out
