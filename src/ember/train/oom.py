@@ -365,17 +365,20 @@ def run_split_ranks(
                 spent = error
             else:
                 message = str(error).splitlines()[0] if str(error) else "out of memory"
-        if ranks.verdict is None:  # ran out of memory here: agree from here
-            need = -1 if spent is not None else min(factor * 2, largest)
-            ranks.agree(True, need)
+        freed = ranks.verdict is None
+        if freed:  # ran out of memory here: free what the attempt held, then agree
+            optim.skip()
+            free_memory()
+            ranks.agree(True, -1 if spent is not None else min(factor * 2, largest))
         verdict = ranks.verdict
         assert verdict is not None
         if spent is not None:
             raise spent
         if verdict.spent:
             ranks.spent(verdict)
-        optim.skip()
-        free_memory()
+        if not freed:  # another rank ran out of memory: drop this attempt too
+            optim.skip()
+            free_memory()
         optim.micro_split = max(factor, verdict.split)
         if ranks.dist.main:
             log.warning(
