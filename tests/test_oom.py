@@ -201,13 +201,18 @@ class FailsOnce(Fits):
 def test_the_gradients_of_a_half_done_step_are_dropped_before_it_runs_again(tmp_path, quiet):
     # calls: 1 (16 samples, too many), 2 and 3 (iteration 1 in halves), 4 (iteration 2's
     # first half, backpropagated), 5 (its second half: out of memory) -> split into 4
-    auto, _ = train(
+    auto, learner = train(
         tmp_path / "auto", quiet, 16, "auto", make=lambda fits: FailsOnce(fits, at_call=5)
     )
-    explicit, _ = train(tmp_path / "explicit", quiet, batch=4, accumulation=4)
+    explicit, reference = train(tmp_path / "explicit", quiet, batch=4, accumulation=4)
     assert auto.raised == 2
     for a, b in zip(auto.parameters(), explicit.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    # the dropped attempt's first half (8 samples) is not in the epoch's metric lines
+    lines = (tmp_path / "auto" / "train" / "epoch-1" / "Loss.log").read_text().splitlines()
+    assert sum(float(line.split(",")[1]) for line in lines) == 100
+    for (_, a), (_, b) in zip(learner.history, reference.history):
+        assert a["train"]["Loss"] == pytest.approx(b["train"]["Loss"], abs=1e-6)
 
 
 # Out-of-memory post-mortem ------------------------------------------------------------
