@@ -69,6 +69,20 @@ def test_out_of_memory_on_rank_1_splits_every_rank_and_keeps_the_update(tmp_path
         assert abs(mean(split) - mean(unsplit)) < 1e-6
 
 
+def test_the_replicas_share_their_buffers_as_under_ddp(tmp_path):
+    # BatchNorm's running statistics: each rank updates its own; after every step all
+    # take rank 0's, so the replicas hold the same buffers and parameters.
+    args = ("--batch", "16", "--epochs", "1", "--norm", "--save-every-rank")
+    ((code, err),) = finish(
+        start(tmp_path, *args, "--accumulate", "auto", "--fits", "8", "--oom-rank", "1")
+    )
+    assert code == 0, err
+    ranks = [weights(tmp_path / f"rank-{rank}") for rank in (0, 1)]
+    assert "layer.0.running_mean" in ranks[0]
+    for name, value in ranks[0].items():
+        torch.testing.assert_close(ranks[1][name], value, rtol=0, atol=0)
+
+
 def test_uneven_shards_and_a_resumed_run_keep_the_agreed_split(tmp_path):
     # 203 samples in batches of 101: rank 0 has a second step that rank 1 has not,
     # so rank 1 answers rank 0's agreement alone in every epoch.

@@ -10,7 +10,8 @@ Under torchrun, pass --processes 1: torchrun provides the processes.
 
 --strategy fsdp shards the model (each hidden block of --mlp is a unit of its own),
 --sharded-checkpoints has each process write its own shards;
---mlp trains two hidden blocks instead of one linear layer, --adam uses Adam (whose
+--mlp trains two hidden blocks instead of one linear layer (--norm: a BatchNorm1d
+before it), --adam uses Adam (whose
 state is sharded too), --accumulate and --clip set gradient accumulation and clipping.
 
 --fail-rank raises in the third training step of that rank, --hang-rank sleeps there
@@ -69,6 +70,8 @@ class Linear(nn.Module):
         super().__init__()
         if args.mlp:
             self.layer: nn.Module = nn.Sequential(Block(8, 16), Block(16, 16), nn.Linear(16, 3))
+        elif args.norm:
+            self.layer = nn.Sequential(nn.BatchNorm1d(8), nn.Linear(8, 3))
         else:
             self.layer = nn.Linear(8, 3)
         self.args, self.steps = args, 0
@@ -129,6 +132,7 @@ def main() -> None:
     parser.add_argument("--adam", action="store_true")
     parser.add_argument("--accumulate", type=lambda text: text if text == "auto" else int(text))
     parser.add_argument("--fits", type=int, default=None)
+    parser.add_argument("--norm", action="store_true")
     parser.add_argument("--oom-rank", type=int, default=None)
     parser.add_argument("--clip", type=float, default=None)
     parser.add_argument("--sharded-checkpoints", action="store_true")

@@ -21,11 +21,16 @@ waiting in a collective that another one will never join (`RankSplit`):
 - every process reads the same table: when any process needs a larger split, all of
   them drop the attempt (no gradient all-reduce, no optimizer step) and run it again
   with the largest split asked for; otherwise all of them all-reduce the gradients
-  (buckets of a fixed layout, the same on every process) and step;
+  (buckets of a fixed layout, the same on every process), take the buffers of the
+  first rank that ran the attempt (DDP broadcasts rank 0's) and step;
 - a process whose data ran out before the others' (uneven shards) keeps answering
-  with a row that takes no part, and joins their gradient all-reduces with zeros,
-  until a table shows nobody taking part: every process leaves the epoch on that
-  same call.
+  with a row that takes no part, and joins their gradient all-reduces and buffer
+  broadcasts, until a table shows nobody taking part: every process leaves the epoch
+  on that same call, and those whose data ran out first take the weights of one that
+  ran to the end (as DDP's join does).
+- a process that runs out of memory with micro-batches of one sample raises its
+  error; the others wait for it in a barrier it never joins, which the group's failure
+  handling ends, reporting that process's error.
 
 An error that is not out of memory (or out of memory once the attempt's table was
 agreed) ends the run as any failure of one rank does (`train/distributed.py`). Runs
@@ -175,6 +180,8 @@ class Verdict:
     """No process saw a non-finite loss."""
     tokens: float
     """The attempt's tokens over every process (losses that are means over tokens)."""
+    source: int
+    """The first rank that ran the attempt: the others take its buffers."""
 
     @property
     def proceeds(self) -> bool:
@@ -227,6 +234,7 @@ class RankSplit:
             spent=[rank for rank, needed in enumerate(needs) if needed < 0],
             finite=not any(bad for _, _, bad, _ in rows),
             tokens=sum(count for _, _, _, count in rows),
+            source=taking[0] if taking else 0,
         )
         return self.verdict
 
@@ -238,7 +246,7 @@ class RankSplit:
             self.spent(verdict)
         if not verdict.proceeds:
             raise Retry
-        self.reduce()
+        self.reduce(verdict)
         return verdict
 
     def spent(self, verdict: Verdict) -> NoReturn:
@@ -251,53 +259,72 @@ class RankSplit:
             "sample: grads_accumulation('auto') cannot split further."
         )
 
-    def reduce(self, shadow: bool = False) -> None:
-        """Average the gradients over the processes (sums divided by the world), in
-        buckets laid out by the parameters' order, dtype and device (the same on every
-        process). A parameter without a gradient sends zeros; `shadow`: this process
-        only takes part (its data ran out) and keeps no gradient."""
+    def reduce(self, verdict: Verdict, shadow: bool = False) -> None:
+        """Average the gradients over the processes (sums divided by the world), then
+        give every process the buffers (e.g. BatchNorm's running statistics) of the
+        first one that ran the attempt, as DDP gives rank 0's: the replicas stay equal.
+        A parameter without a gradient sends zeros; `shadow`: this process only takes
+        part (its data ran out) and keeps no gradient."""
         import torch.distributed as tdist
 
         dist = self.dist
-        params = [param for param in self.model.parameters() if param.requires_grad]
-        groups: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
-        for param in params:
-            groups.setdefault((param.dtype, param.device), []).append(param)
         dist.progress += 1
-        for (dtype, device), members in groups.items():
-            bucket: list[torch.nn.Parameter] = []
-            size = 0
-            for param in members:
-                bucket.append(param)
-                size += param.numel() * param.element_size()
-                if size >= self.BUCKET_BYTES:
-                    self._reduce_bucket(bucket, dtype, device, shadow, tdist)
-                    bucket, size = [], 0
-            if bucket:
-                self._reduce_bucket(bucket, dtype, device, shadow, tdist)
+        params = [param for param in self.model.parameters() if param.requires_grad]
+        for bucket in self._buckets(params):
+            first = bucket[0]
+            size = sum(param.numel() for param in bucket)
+            flat = torch.zeros(size, dtype=first.dtype, device=first.device)
+            if not shadow:
+                for piece, param in zip(self._pieces(flat, bucket), bucket):
+                    if param.grad is not None:
+                        piece.copy_(param.grad)
+            tdist.all_reduce(flat, op=tdist.ReduceOp.SUM)
+            if shadow:
+                continue
+            flat.div_(dist.world)
+            for piece, param in zip(self._pieces(flat, bucket), bucket):
+                if param.grad is None:
+                    param.grad = piece.clone()
+                else:
+                    param.grad.copy_(piece)
+        self._share(list(self.model.buffers()), verdict.source)
         dist.progress += 1
 
-    def _reduce_bucket(
-        self, bucket: list[Any], dtype: torch.dtype, device: torch.device, shadow: bool, tdist: Any
-    ) -> None:
-        flat = torch.zeros(sum(param.numel() for param in bucket), dtype=dtype, device=device)
+    def _share(self, tensors: list[torch.Tensor], source: int) -> None:
+        """Every process takes rank `source`'s values of `tensors` (in buckets)."""
+        import torch.distributed as tdist
+
+        with torch.no_grad():
+            for bucket in self._buckets(tensors):
+                flat = torch.cat([tensor.detach().reshape(-1) for tensor in bucket])
+                tdist.broadcast(flat, src=source)
+                for piece, tensor in zip(self._pieces(flat, bucket), bucket):
+                    tensor.copy_(piece)
+
+    def _buckets(self, tensors: list[Any]) -> Iterator[list[Any]]:
+        """`tensors` in buckets of one dtype and device, of about `BUCKET_BYTES` each,
+        in an order that is the same on every process."""
+        groups: dict[tuple[torch.dtype, torch.device], list[Any]] = {}
+        for tensor in tensors:
+            groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
+        for members in groups.values():
+            bucket: list[Any] = []
+            size = 0
+            for tensor in members:
+                bucket.append(tensor)
+                size += tensor.numel() * tensor.element_size()
+                if size >= self.BUCKET_BYTES:
+                    yield bucket
+                    bucket, size = [], 0
+            if bucket:
+                yield bucket
+
+    @staticmethod
+    def _pieces(flat: torch.Tensor, bucket: list[Any]) -> Iterator[torch.Tensor]:
         offset = 0
-        for param in bucket:
-            if param.grad is not None and not shadow:
-                flat[offset : offset + param.numel()].copy_(param.grad.reshape(-1))
-            offset += param.numel()
-        tdist.all_reduce(flat, op=tdist.ReduceOp.SUM)
-        if shadow:
-            return
-        flat.div_(self.dist.world)
-        offset = 0
-        for param in bucket:
-            piece = flat[offset : offset + param.numel()].view_as(param)
-            if param.grad is None:
-                param.grad = piece.clone()
-            else:
-                param.grad.copy_(piece)
-            offset += param.numel()
+        for tensor in bucket:
+            yield flat[offset : offset + tensor.numel()].view_as(tensor)
+            offset += tensor.numel()
 
     @contextlib.contextmanager
     def join(self) -> Iterator[None]:
@@ -315,19 +342,11 @@ class RankSplit:
             if verdict.spent:
                 self.spent(verdict)
             if verdict.proceeds:
-                self.reduce(shadow=True)
+                self.reduce(verdict, shadow=True)
         if self.last_active and len(self.last_active) < self.dist.world:
-            self._sync_weights(self.last_active[0])
-
-    def _sync_weights(self, source: int) -> None:
-        """Every process takes the parameters and buffers of rank `source`."""
-        import torch.distributed as tdist
-
-        self.dist.progress += 1
-        with torch.no_grad():
-            for tensor in [*self.model.parameters(), *self.model.buffers()]:
-                tdist.broadcast(tensor.data, src=source)
-        self.dist.progress += 1
+            self.dist.progress += 1
+            self._share([*self.model.parameters(), *self.model.buffers()], self.last_active[0])
+            self.dist.progress += 1
 
 
 name_wait(
