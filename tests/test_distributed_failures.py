@@ -131,13 +131,19 @@ def start(tmp_path: Path, *args: str, torchrun: bool = False, processes: int = 2
     return Run(process, directory, events, time.time())
 
 
+PROMPT = 30
+"""Seconds within which a run ends "promptly": well under the collective timeouts the
+runs below are given (60 s and more), so a run that waited for one fails the test,
+while a loaded machine starting Python processes slowly does not."""
+
+
 # 1. A failing rank -------------------------------------------------------------------
 @pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
 def test_a_failing_rank_ends_the_run_in_seconds_and_is_reported_once(tmp_path, strategy):
     run = start(tmp_path, "--fail-rank", "1", "--timeout", "60", "--strategy", strategy)
     run.finish(180)
     assert run.process.returncode == 1, run.stderr
-    assert run.ended - run.event("fail") < 5
+    assert run.ended - run.event("fail") < PROMPT
     named = "Rank 1 failed at epoch 1, iteration 3: RuntimeError: deliberate failure on rank 1"
     assert named in run.stderr
     assert run.stderr.count(RAISE) == 1  # rank 1's traceback, once
@@ -153,7 +159,7 @@ def test_a_failing_rank_under_torchrun_is_named_in_rank_0s_log(tmp_path):
     run = start(tmp_path, "--fail-rank", "1", "--timeout", "60", torchrun=True, processes=1)
     run.finish(180)
     assert run.process.returncode != 0, run.stderr
-    assert run.ended - run.event("fail") < 5
+    assert run.ended - run.event("fail") < PROMPT
     assert run.stderr.count(RAISE) == 1  # printed by rank 1, not repeated by rank 0
     assert "Training stopped because another rank failed. Rank 1 failed at epoch 1" in run.stderr
     log = run.log()
@@ -167,7 +173,7 @@ def test_a_hung_rank_is_named_with_where_the_others_waited(tmp_path):
     run = start(tmp_path, "--hang-rank", "1", "--timeout", "10").finish(180)
     assert run.process.returncode == 1, run.stderr
     waited = run.ended - run.event("hang")
-    assert 10 <= waited < 10 + 8
+    assert 10 <= waited < 10 + PROMPT
     report = (
         "Rank 1 did not reach the gradient synchronisation at epoch 1, iteration 3 within "
         "10 s (rank 0 waited there): rank 1 was at "
@@ -195,7 +201,7 @@ def test_a_signal_while_the_ranks_start_stops_every_process(tmp_path, signum):
     run.process.send_signal(signum)
     run.finish(60)
     assert run.process.returncode in (-signum, 128 + signum), run.stderr
-    assert run.ended - sent < 4
+    assert run.ended - sent < PROMPT
     assert run.survivors(wait=1.0) == []
 
 
@@ -206,7 +212,7 @@ def test_sigterm_during_training_stops_every_rank_after_a_checkpoint(tmp_path):
     run.process.send_signal(signal.SIGTERM)
     run.finish(60)
     assert run.process.returncode == 128 + signal.SIGTERM, run.stderr
-    assert run.ended - sent < 10
+    assert run.ended - sent < PROMPT
     assert "Training stopped: terminated by SIGTERM" in run.log()
     assert list((run.directory / "checkpoint").glob("model-*.mpk"))
     assert run.survivors() == []

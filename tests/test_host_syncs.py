@@ -221,3 +221,50 @@ def test_on_cuda_a_fit_synchronises_twice_an_epoch_and_once_a_checkpoint(tmp_pat
         torch.cuda.Event.synchronize = synchronize  # type: ignore[method-assign]
     syncs = waits + sum("synchroniz" in str(w.message) for w in caught)
     assert syncs <= 3 + 2 * (2 + 1), [str(w.message) for w in caught]
+
+
+class GradsSeen(LossMetric):
+    """A loss metric that notes, at each update, whether the model had gradients and
+    whether its weights were still the initial ones."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model, self.seen = model, []
+        self.initial = [p.detach().clone() for p in model.parameters()]
+
+    def update(self, input, meta):
+        params = list(self.model.parameters())
+        unchanged = all(torch.equal(a, b) for a, b in zip(self.initial, params))
+        self.seen.append((params[0].grad is not None, unchanged))
+        return super().update(input, meta)
+
+
+def test_the_first_outputs_metric_checks_run_once_backward_freed_the_graph(tmp_path):
+    """Metric checks on the first output add no memory to the step's peak (the
+    activations are gone) and still come before the first optimizer step."""
+    torch.manual_seed(0)
+    model = Classifier(dropout=0.0)
+    metric = GradsSeen(model)
+    run = (
+        LearnerBuilder(tmp_path)
+        .metric_train_numeric(metric)
+        .renderer(PlainRenderer(interval=0.0, stream=io.StringIO()))
+        .num_epochs(1)
+        .build(model, torch.optim.SGD(model.parameters(), lr=0.1), 0.1)
+    )
+    run.fit(data(3))
+    # The first output's check: gradients computed, weights not yet stepped. Then
+    # each step's own update (after the step of its group, the weights have moved).
+    assert metric.seen == [(True, True), (True, True), (True, False), (True, False)]
+
+
+def test_values_of_any_single_number_shape_reach_the_host(monkeypatch):
+    """A metric may return its value as a 0-d or a [1] tensor, of any dtype."""
+    stand_in = StandIn(quick=False)
+    stand_in.install(monkeypatch)
+    copies = host.HostCopies()
+    values = [torch.tensor(2.5), torch.tensor([3]), torch.tensor([[1.5]], dtype=torch.bfloat16), 7]
+    assert copies.launch(values, scalars=True).values() == [2.5, 3, 1.5, 7]
+    grid = torch.arange(6).reshape(2, 3)
+    assert copies.launch([grid, torch.tensor(1.0)]).values() == [[[0, 1, 2], [3, 4, 5]], 1.0]
+    assert len(stand_in.waits) == 2  # one per transfer, whatever it holds

@@ -5,7 +5,7 @@ Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-
     [--strategy ddp|fsdp] [--sharded-checkpoints] [--mlp] [--adam] [--accumulate K]
     [--clip NORM] [--device cpu|cuda] [--recompute]
     [--valid-every N] [--limit-train N] [--nan-rank R --nan-step S] [--skip-nonfinite]
-    [--save-every-rank] [--token-mean] [--fits N [--oom-rank R]]
+    [--save-every-rank] [--token-mean] [--train-for DURATION] [--fits N [--oom-rank R]]
 Under torchrun, pass --processes 1: torchrun provides the processes.
 
 --strategy fsdp shards the model (each hidden block of --mlp is a unit of its own),
@@ -147,6 +147,7 @@ def main() -> None:
     parser.add_argument("--skip-nonfinite", action="store_true")
     parser.add_argument("--save-every-rank", action="store_true")
     parser.add_argument("--token-mean", action="store_true")
+    parser.add_argument("--train-for", default=None)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -191,6 +192,8 @@ def main() -> None:
     )
     if args.clip is not None:
         learner = learner.grad_clipping(norm=args.clip)
+    if args.train_for is not None:  # a length in steps, samples or tokens
+        learner = learner.train_for(args.train_for)
     optimizer = AdamConfig().init() if args.adam else SgdConfig().init()
     learner = learner.build(Linear(args), optimizer, 0.01 if args.adam else 0.5)
     learner.fit(train, valid)

@@ -6,6 +6,7 @@ from ember.train.checkpoint import (
     KeepLastNCheckpoints,
     MetricCheckpointingStrategy,
 )
+from ember.train.duration import Duration
 from ember.train.early_stopping import MetricEarlyStoppingStrategy
 from ember.train.evaluator import EvaluationInterrupted, Evaluator, EvaluatorBuilder
 from ember.train.events import (
@@ -35,6 +36,7 @@ from ember.train.step import TrainOutput, TrainStep, ValidStep
 __all__ = [
     "ClassificationOutput",
     "ComposedCheckpointingStrategy",
+    "Duration",
     "End",
     "EndEpoch",
     "EvaluationInterrupted",

@@ -243,6 +243,31 @@ class BatchPlanner:
         batches = self.batches_per_epoch()
         return None if batches is None else -(-batches // self.accumulation)
 
+    def step_samples(self) -> list[int] | None:
+        """Samples (every process's) of each optimizer step of a whole epoch, under the
+        batch limit; None when the loader does not tell them (no batch size, dataset
+        or sampler length)."""
+        loader: Any = self.loader
+        size, drop_last = getattr(loader, "batch_size", None), getattr(loader, "drop_last", False)
+        if not isinstance(size, int) or size < 1:
+            return None
+        if self.shard is not None and self.sampler is not None:
+            self.sampler.shard(*self.shard)
+            lengths = list(self.sampler.shard_lengths())
+        else:
+            length = _sized(getattr(loader, "sampler", None))
+            if length is None:
+                length = _sized(getattr(loader, "dataset", None))
+            if length is None:
+                return None
+            lengths = [length]
+        plan = ShardPlan(lengths, size, bool(drop_last))
+        batches = self.limited(max(plan.batches(length) for length in lengths)) or 0
+        return [
+            plan.global_items(first, min(self.accumulation, batches - first))
+            for first in range(0, batches, self.accumulation)
+        ]
+
     def epoch(self, epoch: int, start: Position | None = None) -> EpochPlan:
         """Set the sampler up for `epoch` (from `start` when resuming mid-epoch)."""
         start = start if start is not None and start.epoch == epoch else Position(epoch)
@@ -282,3 +307,29 @@ class BatchPlanner:
         world = self.shard[1] if self.shard is not None else 1
         drop = 0 if skipped else start.iteration
         return EpochPlan(self.loader, self.accumulation, start, total, drop, shards, world, limit)
+
+
+def _sized(value: Any) -> int | None:
+    try:
+        return len(value)
+    except TypeError:
+        return None
+
+
+def steps_to_reach(samples: int, per_step: Sequence[int]) -> tuple[int, int] | None:
+    """`(steps, epochs)`: the optimizer steps (and the epochs they span) from an epoch's
+    start until `samples` samples are done, each epoch's steps taking `per_step`; None
+    when an epoch has no samples."""
+    per_epoch = sum(per_step)
+    if per_epoch <= 0:
+        return None
+    if samples <= 0:
+        return 0, 0
+    whole = (samples - 1) // per_epoch  # epochs done before the one where it ends
+    left, steps = samples - whole * per_epoch, 0
+    for count in per_step:
+        steps += 1
+        left -= count
+        if left <= 0:
+            break
+    return whole * len(per_step) + steps, whole + 1

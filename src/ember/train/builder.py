@@ -23,6 +23,7 @@ from ember.train.checkpoint.strategy import (
     MetricCheckpointingStrategy,
 )
 from ember.train.distributed import process_device, world_size
+from ember.train.duration import Duration
 from ember.train.early_stopping import EarlyStoppingStrategy, PruningStrategy
 from ember.train.events import Listener
 from ember.train.interrupter import Interrupter
@@ -45,6 +46,28 @@ def _positive_int(value: Any, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{what} must be an int >= 1, got {value!r}.")
     return value
+
+
+def _duration_every(value: Any, what: str) -> Duration:
+    """A cadence given as a `Duration` or its text, in steps, samples or tokens."""
+    from ember.train.duration import FORMS
+
+    hint = (
+        f"{what} takes a number of optimizer steps, an int >= 1, or a duration in steps, "
+        f"samples or tokens ({FORMS}), got {value!r}"
+    )
+    if isinstance(value, int) and not isinstance(value, bool):
+        raise ConfigError(f"{hint}.")
+    try:
+        duration = Duration.parse(value, what)
+    except ConfigError:
+        raise ConfigError(f"{hint}.") from None
+    if duration.unit == "epochs":
+        raise ConfigError(
+            f"{what}({str(value)!r}): every epoch end already does this; give steps, samples "
+            "or tokens, e.g. '500steps' or '100k samples'."
+        )
+    return duration
 
 
 class LearnerBuilder:
@@ -90,7 +113,9 @@ class LearnerBuilder:
         self._preemption: Any = None
         self._every: tuple[int | None, float | None] = (None, None)  # steps, seconds
         self._max_time: float | None = None
-        self._valid_every: int | None = None
+        self._valid_every: int | Duration | None = None
+        self._train_for: Duration | None = None
+        self._every_count: Duration | None = None  # checkpoint_every in samples or tokens
         self._limits: dict[str, int | float | None] = {"train": None, "valid": None}
         self._model_summary: int | None = 1
         self._recompute: tuple[type, ...] = ()
@@ -226,15 +251,35 @@ class LearnerBuilder:
         self._memory_history = _positive_int(max_entries, "memory_history's max_entries")
         return self
 
-    def valid_every(self, steps: int) -> LearnerBuilder:
-        """Also validate inside each epoch, every `steps` optimizer steps, on the whole
-        validation loader; the end-of-epoch validation stays as it is."""
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-            raise ConfigError(
-                f"valid_every takes a number of optimizer steps, an int >= 1, got {steps!r} "
-                "(e.g. valid_every(500) validates every 500 optimizer steps)."
-            )
-        self._valid_every = steps
+    def valid_every(self, every: int | str | Duration) -> LearnerBuilder:
+        """Also validate inside each epoch on the whole validation loader; the
+        end-of-epoch validation stays as it is. An int (or a duration in steps,
+        "500steps") validates every that many optimizer steps of each epoch; a duration
+        in samples or tokens ("500k samples", "1B tokens") each time the run's count
+        passes a multiple of it."""
+        if isinstance(every, int) and not isinstance(every, bool) and every >= 1:
+            pass
+        else:
+            every = _duration_every(every, "valid_every")
+            if every.unit == "steps":
+                every = every.value
+        self._valid_every = every
+        return self
+
+    def train_for(self, duration: int | str | Duration) -> LearnerBuilder:
+        """Train for `duration`: epochs, optimizer steps, samples or tokens (a
+        `Duration`, or text such as "10ep", "5000steps", "2M samples", "1B tokens"; an
+        int is epochs, as `num_epochs`). The run ends at the first optimizer step
+        boundary at or past it; an end inside an epoch is treated as an epoch end: the
+        epoch's training values, a validation on the whole loader, a checkpoint and a
+        history record, and the outcome "completed"."""
+        if isinstance(duration, int) and not isinstance(duration, bool):
+            duration = Duration(epochs=_positive_int(duration, "train_for"))
+        duration = Duration.parse(duration, "train_for")
+        if duration.unit == "epochs":
+            self._num_epochs, self._train_for = duration.value, None
+        else:
+            self._train_for = duration
         return self
 
     def limit_batches(
@@ -248,6 +293,7 @@ class LearnerBuilder:
 
     def num_epochs(self, epochs: int) -> LearnerBuilder:
         self._num_epochs = _positive_int(epochs, "num_epochs")
+        self._train_for = None
         return self
 
     def devices(
@@ -438,20 +484,39 @@ class LearnerBuilder:
         return self
 
     def checkpoint_every(
-        self, *, steps: int | None = None, minutes: float | None = None
+        self,
+        every: str | Duration | None = None,
+        *,
+        steps: int | None = None,
+        minutes: float | None = None,
     ) -> LearnerBuilder:
         """Also checkpoint inside an epoch, once `steps` optimizer steps or `minutes` of
         wall time passed since the last checkpoint (whichever comes first; an epoch end
-        checkpoints too). These are the mid-epoch checkpoints a stop writes: the same
-        retention keeps them (each one replaces the epoch's previous), and
-        `checkpoint("latest" | "auto")` resumes from them exactly. Each waits for its
+        checkpoints too), or, with `every` a duration in samples or tokens ("1M
+        samples", "500M tokens"), each time the run's count passes a multiple of it
+        (a duration in steps is `steps=`). These are the mid-epoch checkpoints a stop
+        writes: the same retention keeps them (each one replaces the epoch's previous),
+        and `checkpoint("latest" | "auto")` resumes from them exactly. Each waits for its
         write. Under several processes rank 0's clock decides for all."""
         from ember.train.cadence import positive_number
 
-        if steps is None and minutes is None:
+        self._every_count = None
+        if every is not None:
+            duration = _duration_every(every, "checkpoint_every")
+            if duration.unit == "steps":
+                if steps is not None:
+                    raise ConfigError(
+                        f"checkpoint_every({str(every)!r}, steps={steps!r}): give the "
+                        "optimizer steps once."
+                    )
+                steps = duration.value
+            else:
+                self._every_count = duration
+        if steps is None and minutes is None and self._every_count is None:
             raise ConfigError(
                 "checkpoint_every() needs steps=N (optimizer steps) or minutes=M (wall time), "
-                "e.g. checkpoint_every(minutes=30)."
+                "or a duration in samples or tokens, e.g. checkpoint_every(minutes=30) or "
+                "checkpoint_every('1M samples')."
             )
         count = None if steps is None else _positive_int(steps, "checkpoint_every(steps=...)")
         seconds = (
@@ -554,7 +619,15 @@ class LearnerBuilder:
                 Artifacts(self._artifact_dir).checkpoints, self._recorder
             )
         self._check_resume(checkpointer)
-        if checkpointer is None and self._every != (None, None):
+        length = self._train_for
+        if length is not None and length.unit == "tokens" and optimization.lr.pending is not None:
+            raise ConfigError(
+                "The learning-rate schedule's length is 'auto' (the run's optimizer steps), but "
+                f"the run trains for {length}, and how many optimizer steps that takes is only "
+                "known once the tokens are counted. Give the schedule an explicit step count "
+                "(e.g. num_iters=10_000), or train_for a number of steps or samples."
+            )
+        if checkpointer is None and (self._every != (None, None) or self._every_count):
             raise ConfigError(
                 "checkpoint_every() writes checkpoints, but no checkpointer is set: add "
                 "with_file_checkpointer(recorder)."
@@ -599,6 +672,8 @@ class LearnerBuilder:
             preemption=self._preemption,
             cadence=self._make_cadence(),
             valid_every=self._valid_every,
+            train_for=self._train_for,
+            checkpoint_every=self._every_count,
             limit_batches=(self._limits["train"], self._limits["valid"]),
             memory_history=self._memory_history,
         )

@@ -67,7 +67,8 @@ def describe_run(learner: Any, info: RunInfo) -> str:
         extras.append(f"compiled ({options or 'torch.compile defaults'})")
     every = learner.options.valid_every
     if every is not None:
-        extras.append(f"validation every {every} optimizer steps")
+        unit = "optimizer steps" if isinstance(every, int) else ""
+        extras.append(f"validation every {every} {unit}".rstrip())
     for split, limit in zip(("train", "valid"), learner.options.limit_batches):
         if limit is not None:
             share = f"{limit:.0%}" if isinstance(limit, float) else str(limit)
@@ -78,6 +79,9 @@ def describe_run(learner: Any, info: RunInfo) -> str:
     fsdp = learner.options.fsdp
     if dist is not None and fsdp is not None:
         extras.append(f"parameters sharded (FSDP; {fsdp.describe()})")
+    length = getattr(learner, "train_for", None)
+    if length is not None:  # the epochs shown are where the length should end
+        extras.insert(0, f"training for {length} ({learner.progress_text()} done)")
     accumulation = str(learner.grads_accumulation)
     split = optim.micro_split
     if split is not None:

@@ -276,6 +276,19 @@ class Distributed:
         self.progress += 1
         return tensor[0]
 
+    def sum_and_any(self, count: int | torch.Tensor, flag: bool) -> tuple[int, bool]:
+        """The sum over every rank of an integer `count` (an int or a tensor) and whether
+        `flag` is true on any rank, in one all-reduce (a stop vote that also sums)."""
+        self.progress += 1
+        device = self._flag_device()
+        tensor = torch.zeros(2, dtype=torch.int64, device=device)
+        tensor[0] = count.detach().to(device, torch.int64) if torch.is_tensor(count) else count
+        tensor[1] = 1 if flag else 0
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        self.progress += 1
+        total, flags = tensor.tolist()
+        return int(total), flags > 0
+
     def barrier(self) -> None:
         self.progress += 1
         dist.barrier()

@@ -139,6 +139,10 @@ class RunHistory:
         self.checkpoints: list[int] = []
         self.points: list[tuple[int, int, dict[str, dict[str, float]]]] = []
         """Mid-epoch validation points: (epoch, iteration, {"valid": {metric: value}})."""
+        self.counters: dict[int, dict[str, int]] = {}
+        """The run's counters (optimizer steps, samples, tokens) at each epoch's end."""
+        self.point_counters: dict[tuple[int, int], dict[str, int]] = {}
+        """The run's counters at each validation point, by (epoch, iteration)."""
         self.outcome: str | None = None
         self.stop_reason: dict[str, Any] | None = None
         """Why the run ended, once it has (`Outcome.to_json()`: "reason", and for early
@@ -155,23 +159,40 @@ class RunHistory:
             self.model, self.num_parameters = model, num_parameters
             self._write({"model": model, "num_parameters": num_parameters})
 
-    def add_epoch(self, epoch: int, values: Mapping[str, Mapping[str, float]]) -> None:
-        """The epoch values of a completed epoch (a redone epoch replaces the old one)."""
+    def add_epoch(
+        self,
+        epoch: int,
+        values: Mapping[str, Mapping[str, float]],
+        counters: Mapping[str, int] | None = None,
+    ) -> None:
+        """The epoch values of a completed epoch (a redone epoch replaces the old one),
+        with the run's counters at its end (steps, samples, tokens), when given."""
         entry = {split: dict(split_values) for split, split_values in values.items()}
         with self._lock:
             if self.epochs and self.epochs[-1][0] >= epoch:
                 self.epochs = [(e, v) for e, v in self.epochs if e < epoch]
             self.epochs.append((epoch, entry))
-            self._write(_epoch_record(epoch, entry))
+            if counters is not None:
+                self.counters[epoch] = dict(counters)
+            self._write(_epoch_record(epoch, entry, self.counters.get(epoch)))
 
     def add_point(
-        self, epoch: int, iteration: int, values: Mapping[str, Mapping[str, float]]
+        self,
+        epoch: int,
+        iteration: int,
+        values: Mapping[str, Mapping[str, float]],
+        counters: Mapping[str, int] | None = None,
     ) -> None:
-        """The values of a validation point inside `epoch`, after `iteration` batches."""
+        """The values of a validation point inside `epoch`, after `iteration` batches
+        (and the run's counters there, when given)."""
         entry = {split: dict(split_values) for split, split_values in values.items()}
         with self._lock:
             self._add_point(epoch, iteration, entry)
-            self._write({"point": _point_record(epoch, iteration, entry)})
+            record = _point_record(epoch, iteration, entry)
+            if counters is not None:
+                self.point_counters[(epoch, iteration)] = dict(counters)
+                record["counters"] = dict(counters)
+            self._write({"point": record})
 
     def _add_point(self, epoch: int, iteration: int, entry: dict[str, dict[str, float]]) -> None:
         if self.points and (self.points[-1][0], self.points[-1][1]) >= (epoch, iteration):
@@ -311,6 +332,8 @@ class RunHistory:
             if self.epochs and self.epochs[-1][0] >= epoch:
                 self.epochs = [(e, v) for e, v in self.epochs if e < epoch]
             self.epochs.append((epoch, _decode_splits(record)))
+            if isinstance(record.get("counters"), dict):
+                self.counters[epoch] = {k: int(v) for k, v in record["counters"].items()}
         elif "point" in record:
             self._read_point(record["point"])
         elif "keep_before" in record:
@@ -332,17 +355,27 @@ class RunHistory:
         values = {
             split: {str(k): _decode(v) for k, v in split_values.items()}
             for split, split_values in entry.items()
-            if split not in ("epoch", "iteration")
+            if split not in ("epoch", "iteration", "counters")
         }
-        self._add_point(int(entry["epoch"]), int(entry["iteration"]), values)
+        epoch, iteration = int(entry["epoch"]), int(entry["iteration"])
+        self._add_point(epoch, iteration, values)
+        if isinstance(entry.get("counters"), dict):
+            self.point_counters[(epoch, iteration)] = {
+                k: int(v) for k, v in entry["counters"].items()
+            }
 
     def _records(self) -> list[dict[str, Any]]:
         """Everything this history holds, as the records that rebuild it."""
         records: list[dict[str, Any]] = [{"format": FORMAT, "version": VERSION}]
         if self.model is not None:
             records.append({"model": self.model, "num_parameters": self.num_parameters})
-        records += [_epoch_record(epoch, values) for epoch, values in self.epochs]
-        records += [{"point": _point_record(e, i, v)} for e, i, v in self.points]
+        records += [
+            _epoch_record(epoch, values, self.counters.get(epoch)) for epoch, values in self.epochs
+        ]
+        records += [
+            {"point": _point_record(e, i, v, self.point_counters.get((e, i)))}
+            for e, i, v in self.points
+        ]
         records.append({"checkpoints": {"add": list(self.checkpoints), "remove": []}})
         if self.outcome is not None:
             records.append({"outcome": self.outcome, "stop_reason": self.stop_reason})
@@ -370,21 +403,34 @@ def _line(record: Mapping[str, Any]) -> str:
     return json.dumps(record, allow_nan=False, separators=(", ", ": ")) + "\n"
 
 
-def _epoch_record(epoch: int, values: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
-    return {"epoch": epoch, **{split: _encode(v) for split, v in values.items()}}
+def _epoch_record(
+    epoch: int,
+    values: Mapping[str, Mapping[str, float]],
+    counters: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    record = {"epoch": epoch, **{split: _encode(v) for split, v in values.items()}}
+    if counters is not None:
+        record["counters"] = dict(counters)
+    return record
 
 
 def _point_record(
-    epoch: int, iteration: int, values: Mapping[str, Mapping[str, float]]
+    epoch: int,
+    iteration: int,
+    values: Mapping[str, Mapping[str, float]],
+    counters: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    return {"epoch": epoch, "iteration": iteration, **{s: _encode(v) for s, v in values.items()}}
+    record = {"epoch": epoch, "iteration": iteration, **{s: _encode(v) for s, v in values.items()}}
+    if counters is not None:
+        record["counters"] = dict(counters)
+    return record
 
 
 def _decode_splits(entry: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     return {
         split: {str(k): _decode(v) for k, v in split_values.items()}
         for split, split_values in entry.items()
-        if split != "epoch"
+        if split not in ("epoch", "counters")
     }
 
 

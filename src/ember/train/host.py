@@ -82,8 +82,10 @@ class Transfer:
         results: list[Any],
         pending: list[tuple[list[int], list[torch.Size], Tensor, Any]],
         events: list[Event],
+        scalars: bool = False,
     ) -> None:
         self._owner = owner
+        self._scalars = scalars
         self._results = results
         self._pending = pending
         self._events = events
@@ -108,7 +110,8 @@ class Transfer:
                     count = shape.numel()
                     chunk = flat[start : start + count]
                     start += count
-                    self._results[index] = chunk[0] if not shape else _nest(chunk, shape)
+                    scalar = self._scalars or not shape
+                    self._results[index] = chunk[0] if scalar else _nest(chunk, shape)
                 self._owner.give_back(key, buffer)
             self._pending = []
             self._events = []
@@ -131,14 +134,16 @@ class HostCopies:
     def __init__(self) -> None:
         self._free: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
 
-    def launch(self, values: Sequence[Any]) -> Transfer:
-        """Start moving `values` (tensors and plain numbers) to the host."""
+    def launch(self, values: Sequence[Any], scalars: bool = False) -> Transfer:
+        """Start moving `values` (tensors and plain numbers) to the host (`scalars`:
+        every tensor holds one number, read as that number whatever its shape)."""
         results: list[Any] = list(values)
         groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
         for index, value in enumerate(values):
             if isinstance(value, Tensor):
                 if on_host(value):
-                    results[index] = value.item() if value.dim() == 0 else value.tolist()
+                    scalar = scalars or value.dim() == 0
+                    results[index] = value.item() if scalar else value.tolist()
                 else:
                     groups.setdefault((value.device, value.dtype), []).append(index)
         pending: list[tuple[list[int], list[torch.Size], Tensor, Any]] = []
@@ -158,7 +163,7 @@ class HostCopies:
             if device not in devices:
                 devices.append(device)
         events = [event for event in map(record_event, devices) if event is not None]
-        return Transfer(self, results, pending, events)
+        return Transfer(self, results, pending, events, scalars)
 
     def _take(self, key: tuple[torch.device, torch.dtype], size: int) -> Tensor:
         device, dtype = key

@@ -10,7 +10,9 @@ listeners only receive what the loop hands them.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import sys
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
@@ -20,10 +22,11 @@ import torch
 from ember.data.device import to_device
 from ember.errors import TrainingError
 from ember.train.artifacts import Artifacts
-from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size
+from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size, steps_to_reach
 from ember.train.checkpoint.policy import CheckpointPolicy, Resume
 from ember.train.describe import describe_run, run_info
 from ember.train.distributed import Distributed, setup, world_size
+from ember.train.duration import Counters, Duration, crossed, short_count
 from ember.train.evaluator import Evaluator
 from ember.train.events import End, EndEpoch, ProcessedItem, Start, StartEpoch, StartSplit
 from ember.train.flops import FlopCount
@@ -143,6 +146,27 @@ class Learner:
         self.epoch = 0
         self.iteration = 0
         self.items = 0
+        self.train_for: Duration | None = options.train_for
+        """The run's length in steps, samples or tokens (None: `num_epochs` epochs)."""
+        self.counters = Counters()
+        """The optimizer steps, samples and tokens (every process's) of the run so far."""
+        self._counts_tokens = any(
+            isinstance(d, Duration) and d.unit == "tokens"
+            for d in (options.train_for, options.valid_every, options.checkpoint_every)
+        )
+        self._uses_counts = self._counts_tokens or any(
+            isinstance(d, Duration)
+            for d in (options.train_for, options.valid_every, options.checkpoint_every)
+        )
+        """A length or cadence counts steps, samples or tokens over the run."""
+        self._step_tokens: int | torch.Tensor = 0
+        """Tokens of the step running (counted only when a duration is in tokens)."""
+        self._tokens_pending: int | torch.Tensor = 0
+        """Tokens of this process not yet summed over the processes."""
+        self._ended = False
+        """The run's length (`train_for`) was reached."""
+        self._final_state: tuple[Any, Any] | None = None
+        """Metric log lines and states of an epoch the run's length ended inside."""
         self.skipped_steps = 0
         """Optimizer steps skipped for a non-finite loss in this run (`nonfinite_loss("skip")`)."""
         self._token_mean = False
@@ -174,13 +198,39 @@ class Learner:
         """`(steps_per_epoch, total_steps)` that `fit(train, ...)` will take: optimizer
         steps per epoch on the process with the most batches (under several processes
         each takes its share of the batches) and over the whole run, under the batch
-        limit (`limit_batches`). What an "auto" step count of a scheduler config is
-        resolved from. None when the loader has no length (and no count limits it)."""
+        limit (`limit_batches`); for a run whose length (`train_for`) is in steps, those,
+        and in samples, the steps that reach them. What an "auto" step count of a
+        scheduler config is resolved from. None when the loader has no length (and no
+        count limits it), or, for the run's steps, when its length is in tokens."""
         world = world_size(self.devices)
         shard = (0, world) if world > 1 else None
         limit = self.options.limit_batches[0]
-        per_epoch = BatchPlanner(train, self.grads_accumulation, shard, limit).steps_per_epoch()
-        return per_epoch, None if per_epoch is None else per_epoch * self.num_epochs
+        planner = BatchPlanner(train, self.grads_accumulation, shard, limit)
+        per_epoch = planner.steps_per_epoch()
+        return per_epoch, self._run_steps(planner, per_epoch, Position(1, fresh=True))[0]
+
+    def _run_steps(
+        self, planner: BatchPlanner, per_epoch: int | None, start: Position
+    ) -> tuple[int | None, int | None]:
+        """`(total_steps, last_epoch)` of the run from `start`: its optimizer steps, and
+        the epoch it ends in (None where the loader does not tell them). A run resumed
+        with another batch size counts the steps left from an epoch's start."""
+        length, done = self.train_for, start.counters
+        if length is None:
+            return (None if per_epoch is None else per_epoch * self.num_epochs), self.num_epochs
+        before = start.epoch - 1
+        if length.unit == "steps":
+            left = max(0, length.value - done.steps)
+            epochs = None if not per_epoch else before + max(1, math.ceil(left / per_epoch))
+            return length.value, epochs
+        if length.unit == "samples":
+            per_step = planner.step_samples()
+            reach = (
+                None if per_step is None else steps_to_reach(length.value - done.samples, per_step)
+            )
+            if reach is not None:
+                return done.steps + reach[0], before + max(1, reach[1])
+        return None, None
 
     @property
     def history(self) -> list[tuple[int, EpochValues]]:
@@ -310,7 +360,8 @@ class Learner:
         if valid is not None:
             valid_plan = BatchPlanner(valid, 1, shard, valid_limit)
             valid_plan.check_limit("validation", "valid")
-        notes = self._count_steps(train_plan)
+        self.counters = resume.position.counters
+        notes = self._count_steps(train_plan, resume.position)
         self.optim.lr.check_monitor(
             {split: [entry.name for entry in entries] for split, entries in self.metrics.items()}
         )
@@ -328,7 +379,7 @@ class Learner:
             app_log.install()
         if main and self._run_lock is not None and self._run_lock.takeover_message:
             notes.append(self._run_lock.takeover_message)
-        complete = resume.position.epoch > self.num_epochs  # a finished run: nothing to show
+        complete = self._finished(resume.position)  # a finished run: nothing to show
         renderer = self.renderer if main and not complete else SilentRenderer()
         loggers = self._loggers(main)
         return _Run(main, resume, train_plan, valid_plan, notes, loggers, renderer, app_log)
@@ -343,6 +394,8 @@ class Learner:
         processor = MetricsProcessor(
             self.metrics, run.loggers, run.renderer, self.num_epochs, gathers=dist is not None
         )
+        if self.train_for is not None:
+            processor.run_progress = self.progress_text
         if dist is not None:
             self._prepare_processes(dist, processor, run.train, run.valid)
         processes = dist.world if dist is not None else 1
@@ -358,7 +411,16 @@ class Learner:
         if run.main:
             record_start(self.artifacts, start.epoch, not start.fresh, hparams)
         self.run_history.describe_model(info.model_name, info.num_parameters)
-        if start.epoch > self.num_epochs:
+        if self._finished(start) and self.train_for is not None:
+            self.epoch = start.epoch - (0 if start.iteration else 1)
+            log.warning(
+                "The run is already complete: its checkpoint has %s and train_for is %s, so "
+                "nothing is left to train and the trained model is returned as it is. Raise "
+                "train_for to train further.",
+                f"{start.counters.of(self.train_for.unit):,} {self.train_for.unit}",
+                self.train_for,
+            )
+        elif self._finished(start):
             self.epoch = start.epoch - 1
             log.warning(
                 "The run is already complete: its checkpoint is at the end of epoch %d and "
@@ -395,16 +457,32 @@ class Learner:
             log.exception("Training failed at %s.", where)
         return outcome
 
-    def _count_steps(self, train: BatchPlanner) -> list[str]:
+    def _finished(self, start: Position) -> bool:
+        """A run resumed at `start` has nothing left to train."""
+        if self.train_for is None:
+            return start.epoch > self.num_epochs
+        return start.counters.reached(self.train_for)
+
+    def _count_steps(self, train: BatchPlanner, start: Position) -> list[str]:
         """The run's optimizer steps, and the schedule that waits for them ("auto");
-        returns a warning about the schedule's interval, if any."""
+        returns a warning about the schedule's interval, if any. A run whose length is
+        not in epochs shows the epoch it should end in as its `num_epochs`."""
         self.steps_per_epoch = train.steps_per_epoch()
-        if self.steps_per_epoch is not None:
-            self.total_steps = self.steps_per_epoch * self.num_epochs
+        self.total_steps, last_epoch = self._run_steps(train, self.steps_per_epoch, start)
+        if self.train_for is not None:
+            self.num_epochs = max(start.epoch, last_epoch or start.epoch)
+            if self.points is not None:
+                self.points.num_epochs = self.num_epochs
         if self.optim.lr.pending is not None and self.total_steps is None:
+            why = "the training loader has no length"
+            if self.train_for is not None and self.train_for.unit == "samples":
+                why = (
+                    f"the run trains for {self.train_for}, and the training loader does not "
+                    "tell its samples per step (a batch_size, and a dataset or sampler length)"
+                )
             raise TrainingError(
-                "The learning-rate schedule counts the run's optimizer steps ('auto'), but the "
-                "training loader has no length. Give the schedule its step count instead."
+                f"The learning-rate schedule counts the run's optimizer steps ('auto'), but {why}. "
+                "Give the schedule its step count instead."
             )
         self.optim.lr.resolve(self.total_steps)
         warning = self.optim.lr.check_interval(self.steps_per_epoch)
@@ -419,7 +497,14 @@ class Learner:
         resume: Resume,
     ) -> Outcome:
         """Every epoch left; returns how the run ended."""
-        for epoch in range(resume.position.epoch, self.num_epochs + 1):
+        first = resume.position.epoch
+        for epoch in itertools.count(first):
+            if self._finished(Position(epoch, counters=self.counters)):
+                break
+            if epoch > self.num_epochs:  # a length in steps, samples or tokens runs on
+                self.num_epochs = processor.num_epochs = epoch
+                if self.points is not None:
+                    self.points.num_epochs = epoch
             self.epoch = epoch
             self._emit(StartEpoch(epoch, self.num_epochs))
             self._hook("on_epoch_start", epoch)
@@ -432,6 +517,8 @@ class Learner:
             if valid is not None:
                 epoch_values["valid"] = self._valid_epoch(processor, valid, epoch)
             reason = self._end_epoch(epoch, epoch_values)
+            if self._ended:  # the run's length was reached: it completed, whatever else
+                break
             if reason is not None:
                 return reason
         return Outcome.completed()
@@ -459,37 +546,59 @@ class Learner:
             for step in plan:
                 finite = self._train_step(processor, step, epoch, plan.total, check)
                 self._step_optimizer(finite, epoch)
-                if self._point_due(step, plan.total, valid) and self._valid_point(
+                before = self.counters
+                voted = self._advance(step)
+                if self._length_reached(step):
+                    self._ended = stop = True
+                    break
+                if self._point_due(step, plan.total, valid, before) and self._valid_point(
                     processor, valid, epoch
                 ):
                     stop = True  # early stopping, counting validation points
                     break
                 cadence = self.options.cadence  # checkpoint_every, max_time
                 last = self.iteration == plan.total
-                if cadence and cadence.after_step(
+                save = bool(cadence) and cadence.after_step(
                     epoch, step.may_vote, last, dist, self.interrupter
-                ):
+                )
+                every = self.options.checkpoint_every
+                if every is not None and not last and (dist is None or step.may_vote):
+                    save = crossed(every, before, self.counters) or save
+                if save:
                     processor.flush(dist)
                     self._save_mid_epoch(processor, epoch)
-                stop = self._stop_requested(step)
+                stop = self._stop_requested(step, voted)
                 if stop:
                     break
                 self.checkpoints.check()
         self.guard.flush()
+        if dist is not None and self._uses_counts:
+            self._sync_counters(dist)
+        if self.train_for is not None and self.counters.reached(self.train_for):
+            self._ended = True
         if self.iteration == start.iteration:
             raise TrainingError(
                 f"The training data loader yielded no batch in epoch {epoch}. Check that its "
                 "dataset is not empty and that drop_last with a batch size larger than the "
                 "dataset does not drop every sample."
             )
-        if stop and self.iteration != plan.total:
+        if self._ended and self.iteration != plan.total:  # the run's length ends it here
+            processor.flush(dist)
+            self._final_state = (processor.line_counts(), processor.epoch_states())
+            log.info(
+                "Training reached train_for (%s) at epoch %d, iteration %d: the epoch ends here.",
+                self.train_for,
+                epoch,
+                self.iteration,
+            )
+        elif stop and self.iteration != plan.total:
             processor.flush(dist)  # the logs hold every finished iteration
             return None
         return self._end_split(processor, "train", epoch)
 
     def _save_mid_epoch(self, processor: MetricsProcessor, epoch: int) -> None:
         """Checkpoint inside `epoch`, with the metric log lines and epoch states so far."""
-        position = Position(epoch, self.iteration, self.items, False)
+        position = Position(epoch, self.iteration, self.items, False, counters=self.counters)
         lines, states = processor.line_counts(), processor.epoch_states()
         self.checkpoints.save(position, self.model, self.optim, self.dist, lines, states)
 
@@ -542,10 +651,12 @@ class Learner:
         last, finite = len(step.batches) - 1, True
         tokens: Any = 0  # the group's tokens, when its losses are means over tokens
         origins = step.origins
+        self._step_tokens = 0
         for index, batch in enumerate(step.batches):
             iteration = step.first + (index if origins is None else origins[index])
             self.iteration = iteration
             self.items += step.items[index]
+            told = getattr(batch, "num_tokens", None) if self._counts_tokens else None
             if self._move:
                 batch = to_device(batch, self.device)
             if hooks is not None:
@@ -558,6 +669,7 @@ class Learner:
                     ok = manual.ok
                     if iteration == check:
                         self._check_output(processor, output, epoch, manual=True)
+                        self._check_metrics(processor, output, epoch)
                 else:
                     with optim.autocast():
                         output = call_step(forward, batch, "train_step", epoch, iteration)
@@ -572,6 +684,8 @@ class Learner:
                         share = token_weight(output.item, iteration)
                         tokens = tokens + share
                     optim.backward(output.loss, share)
+                    if iteration == check:
+                        self._check_metrics(processor, output, epoch)
             if index == last and ranks is not None:
                 verdict = ranks.settle(finite, tokens if self._token_mean else 0)
                 if self._token_mean:
@@ -580,6 +694,8 @@ class Learner:
                 optim.rescale(tokens, self.dist)  # by the group's tokens on every process
             if index == last and finite:
                 optim.prepare()
+            if self._counts_tokens:
+                self._step_tokens = self._step_tokens + batch_tokens(told, output, iteration)
             if ok:  # a skipped non-finite batch stays out of the epoch's metrics
                 processor.update(output.item, iteration, step.sizes[index], lr)
             if self.listeners:
@@ -592,10 +708,10 @@ class Learner:
     def _check_output(
         self, processor: MetricsProcessor, output: Any, epoch: int, manual: bool = False
     ) -> None:
-        """The first training output of the fit: its type, its loss, what metrics read."""
+        """The first training output of the fit, before its backward: its type, its
+        loss, how its loss is weighted."""
         self._output_checked = True
         check_train_output(self.model, output, manual)
-        processor.check("train", output.item, epoch)
         self._token_mean = loss_weight(output.item) is not None
         if self._token_mean and manual and self.options.grads_accumulation > 1:
             raise TrainingError(
@@ -604,12 +720,18 @@ class Learner:
                 "grads_accumulation cannot be weighted by them. Accumulate without "
                 "'token_mean' (each batch weighs its samples), or do not accumulate."
             )
-        hint = summed_loss_hint(output.item)
-        if hint is not None:
-            log.warning("%s", hint)
         guard = self.guard
         if not manual and guard.policy == "stop":  # the loss metric's values stand guard
             guard.covered = processor.watch_loss(output.item, output.loss, guard.nonfinite)
+
+    def _check_metrics(self, processor: MetricsProcessor, output: Any, epoch: int) -> None:
+        """The first training output of the fit, once its backward freed the graph (its
+        activations no longer take memory) and before the first optimizer step: what
+        the metrics read, and whether the loss looks summed."""
+        processor.check("train", output.item, epoch)
+        hint = summed_loss_hint(output.item)
+        if hint is not None:
+            log.warning("%s", hint)
 
     def _step_optimizer(self, finite: bool, epoch: int) -> None:
         """Step, or skip the step of a group with a non-finite loss. Under "skip" with
@@ -635,16 +757,75 @@ class Learner:
         log.warning("%s", message)
         print(f"ember: {message}", file=sys.stderr)
 
-    def _stop_requested(self, step: Step) -> bool:
+    def _stop_requested(self, step: Step, voted: bool | None = None) -> bool:
         """A graceful stop after this step; several processes stop at the same step,
-        while every one of them still has batches."""
+        while every one of them still has batches. `voted`: the processes already
+        agreed with the step's token count (`_advance`); a time limit reached since
+        is agreed too."""
+        if voted is not None:
+            cadence = self.options.cadence
+            return voted or (cadence is not None and cadence.expired)
         stop = self.interrupter.should_stop()
         if self.dist is not None:
             stop = self.dist.any(stop) if step.may_vote else False
         return stop
 
-    def _point_due(self, step: Step, total: int | None, valid: BatchPlanner | None) -> bool:
-        return valid is not None and self.points is not None and self.points.due(step, total)
+    def _advance(self, step: Step) -> bool | None:
+        """Count the step done: one optimizer step, its samples (every process's, which
+        the batch plan knows) and, when a duration is in tokens, its tokens: read on the
+        host once per step, and under several processes summed over them in the one
+        all-reduce that also takes the stop vote (returned; None when not voted here)."""
+        done = self.counters
+        tokens, voted = done.tokens, None
+        if self._counts_tokens:
+            self._tokens_pending = self._tokens_pending + self._step_tokens
+            if self.dist is None:
+                tokens += int(self._tokens_pending)
+                self._tokens_pending = 0
+            elif step.may_vote:
+                total, voted = self.dist.sum_and_any(
+                    self._tokens_pending, self.interrupter.should_stop()
+                )
+                tokens += total
+                self._tokens_pending = 0
+        self.counters = Counters(done.steps + 1, done.samples + sum(step.items), tokens)
+        return voted
+
+    def _sync_counters(self, dist: Distributed) -> None:
+        """At an epoch's end, the processes agree on the counters: the last steps of an
+        uneven epoch, which some processes did not have, counted once, and the tokens
+        not yet summed."""
+        rows = dist.all_gather(
+            (self.counters.steps, self.counters.samples, int(self._tokens_pending))
+        )
+        self._tokens_pending = 0
+        self.counters = Counters(
+            max(row[0] for row in rows),
+            max(row[1] for row in rows),
+            self.counters.tokens + sum(row[2] for row in rows),
+        )
+
+    def _length_reached(self, step: Step) -> bool:
+        """The run's length (`train_for`) is reached after this step (decided where
+        every process has the step, so they end together)."""
+        if self.train_for is None or (self.dist is not None and not step.may_vote):
+            return False
+        return self.counters.reached(self.train_for)
+
+    def progress_text(self) -> str:
+        """The run's progress in the unit of its length, e.g. "samples 1.2M/5M" (empty
+        for a length in epochs)."""
+        if self.train_for is None:
+            return ""
+        unit, target = self.train_for.unit, self.train_for.value
+        return f"{unit} {short_count(self.counters.of(unit))}/{short_count(target)}"
+
+    def _point_due(
+        self, step: Step, total: int | None, valid: BatchPlanner | None, before: Counters
+    ) -> bool:
+        if valid is None or self.points is None:
+            return False
+        return self.points.due(step, total, before, self.counters)
 
     def _valid_point(
         self, processor: MetricsProcessor, planner: BatchPlanner | None, epoch: int
@@ -666,6 +847,7 @@ class Learner:
                 processor.renderer,
                 self._emit,
                 evaluation(self._ddp),
+                self.counters.state(),
             )
         finally:
             self._hook("on_validation_end", epoch)
@@ -715,7 +897,9 @@ class Learner:
             if split_values:
                 text = ", ".join(f"{name} {value!r}" for name, value in split_values.items())
                 log.info("Epoch %d %s: %s", epoch, split, text)
-        self.run_history.add_epoch(epoch, values)
+        self.run_history.add_epoch(epoch, values, self.counters.state())
+        if self.train_for is not None:
+            log.info("Progress after epoch %d: %s.", epoch, self.progress_text())
         self.optim.lr.end_epoch(values)  # an epoch-wise schedule steps before the checkpoint
         self._hook("on_epoch_end", epoch)  # callbacks decide before the checkpoint too
         reason = None
@@ -731,8 +915,13 @@ class Learner:
                 reason = Outcome.stopped_early(why)
         if reason is None and self.options.pruning is not None:
             reason = self._pruned(epoch)
-        position = Position(epoch, self.iteration, self.items, True)
-        self.checkpoints.save(position, self.model, self.optim, self.dist)
+        if self._final_state is not None:  # the run's length ended inside the epoch
+            position = Position(epoch, self.iteration, self.items, False, counters=self.counters)
+            lines, states = self._final_state
+            self.checkpoints.save(position, self.model, self.optim, self.dist, lines, states)
+        else:
+            position = Position(epoch, self.iteration, self.items, True, counters=self.counters)
+            self.checkpoints.save(position, self.model, self.optim, self.dist)
         self._emit(EndEpoch(epoch, values))
         return reason
 
@@ -781,11 +970,14 @@ class Learner:
                 history.epochs = saved.epochs
                 history.checkpoints = saved.checkpoints
                 history.points = saved.points
+                history.counters = saved.counters
+                history.point_counters = saved.point_counters
             else:  # a run from before the history file: the checkpoint carried it
                 history.epochs = [
                     (int(e), v) for e, v in resume.state["learner"].get("history", [])
                 ]
-            history.keep_before(resume.position.epoch, resume.position.iteration)
+            if not self._finished(resume.position) or self.train_for is None:
+                history.keep_before(resume.position.epoch, resume.position.iteration)
         if self.dist is not None:
             history.epochs = self.dist.broadcast(history.epochs)
             history.points = self.dist.broadcast(history.points)
@@ -936,6 +1128,21 @@ class Learner:
         """The model's outputs over `loader`, on the CPU, concatenated along the first
         dimension, as `Evaluator.predict` returns them."""
         return self._evaluator().predict(loader)
+
+
+def batch_tokens(told: Any, output: Any, iteration: int) -> int | torch.Tensor:
+    """The tokens of a training batch, for a duration in tokens: the batch's
+    `num_tokens` (an int), else its output's `tokens` (an int or a tensor)."""
+    if isinstance(told, int) and not isinstance(told, bool):
+        return told
+    tokens = getattr(getattr(output, "item", output), "tokens", None)
+    if tokens is None:
+        raise TrainingError(
+            f"A duration in tokens counts each batch's tokens, and the batch of iteration "
+            f"{iteration} tells none: give the batch a num_tokens attribute (an int), or the "
+            "training output tokens= (an int or a tensor)."
+        )
+    return tokens
 
 
 def token_weight(item: Any, iteration: int) -> int | torch.Tensor:

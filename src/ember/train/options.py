@@ -10,6 +10,7 @@ import torch
 
 from ember.train.checkpoint.base import Checkpointer
 from ember.train.checkpoint.strategy import CheckpointingStrategy
+from ember.train.duration import Duration
 from ember.train.early_stopping import EarlyStoppingStrategy, PruningStrategy
 from ember.train.events import Listener
 from ember.train.interrupter import Interrupter
@@ -65,8 +66,14 @@ class LearnerOptions:
     """What may prune the run at an epoch end (`LearnerBuilder.pruning`), or None."""
     fsdp: FsdpOptions | None = None
     """How the model is sharded over the processes (None: DDP, or one process)."""
-    valid_every: int | None = None
-    """Validate inside each epoch every this many optimizer steps (None: at epoch ends only)."""
+    valid_every: int | Duration | None = None
+    """Validate inside each epoch every this many optimizer steps of the epoch, or each
+    time the run passes a multiple of a duration in samples or tokens (None: at epoch
+    ends only)."""
+    train_for: Duration | None = None
+    """The run's length in steps, samples or tokens (None: `num_epochs` epochs)."""
+    checkpoint_every: Duration | None = None
+    """Checkpoint each time the run passes a multiple of this many samples or tokens."""
     limit_batches: tuple[int | float | None, int | float | None] = (None, None)
     memory_history: int | None = None
     """Record CUDA allocations (this many events) for an out-of-memory post-mortem."""

@@ -66,6 +66,8 @@ class MetricsProcessor:
         self._held = False
         self._loss_state: MetricState | None = None
         self._on_nonfinite: Callable[[int, int, float], None] | None = None
+        self.run_progress: Callable[[], str] | None = None
+        """The run's progress in the unit of its length, for `Progress.run`."""
         self._copies = host.HostCopies()
         self._in_flight: list[tuple[list[tuple[MetricState, list[Any]]], host.Transfer]] = []
         """Ticks' values on their way to the host, oldest first."""
@@ -223,6 +225,7 @@ class MetricsProcessor:
             self._num_iterations,
             self._items,
             time.monotonic() - self._started,
+            self.run_progress() if self.run_progress is not None else "",
         )
 
     def _launch(self) -> None:
@@ -240,7 +243,7 @@ class MetricsProcessor:
                     tensors.append(weight)
             state.pending = []
         if batch:
-            self._in_flight.append((batch, self._copies.launch(tensors)))
+            self._in_flight.append((batch, self._copies.launch(tensors, scalars=True)))
 
     def _arrived(self, wait: bool = False) -> list[MetricRecord]:
         """The records of the launched values that reached the host, in order (`wait`:
@@ -431,7 +434,7 @@ class MetricsProcessor:
         # One wait for it all: the epoch values computed on the device are copied after
         # the split's last metric values, so once they are here, everything is.
         on_device = [value for value in own if isinstance(value, Tensor)]
-        arrived = iter(self._copies.launch(on_device).values())
+        arrived = iter(self._copies.launch(on_device, scalars=True).values())
         own = [next(arrived) if isinstance(value, Tensor) else value for value in own]
         records = self._arrived(wait=True)
         self._publish(records, dist)

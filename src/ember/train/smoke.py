@@ -157,6 +157,8 @@ def _run(
             devices=None,
             fsdp=None,  # one process: nothing to shard
             num_epochs=1,
+            train_for=None,  # one short epoch, whatever the run's length
+            checkpoint_every=None,
             renderer=SilentRenderer(),
             loggers={split: () for split in options.loggers},
             listeners=(counter,),

@@ -21,6 +21,7 @@ from ember.data.device import to_device
 from ember.rng import capture_rng_state, restore_rng_state
 from ember.train.artifacts import Artifacts, format_line, write_matrix
 from ember.train.batches import BatchPlanner, Step, batch_size
+from ember.train.duration import Counters, Duration, crossed
 from ember.train.events import ValidPoint
 from ember.train.history import Points, RunHistory
 from ember.train.logger.base import MetricRecord
@@ -60,7 +61,7 @@ class ValidationPoints:
 
     def __init__(
         self,
-        every: int,
+        every: int | Duration,
         accumulation: int,
         metrics: Sequence[RegisteredMetric],
         num_epochs: int,
@@ -76,12 +77,18 @@ class ValidationPoints:
         self.history = history
         self.autocast = autocast
 
-    def due(self, step: Step, total: int | None) -> bool:
-        """After this step: the `every`-th optimizer step of the epoch (counted from its
-        first batch), not its last step, and every process still has batches."""
+    def due(self, step: Step, total: int | None, before: Counters, after: Counters) -> bool:
+        """After this step (which took the run's counters from `before` to `after`): the
+        `every`-th optimizer step of the epoch (counted from its first batch), or the
+        step that passes a multiple of a sample or token duration; not the epoch's last
+        step, and every process still has batches."""
         last = step.first + len(step.batches) - 1
-        number = (step.first - 1) // self.accumulation + 1
-        if number % self.every or not step.may_vote:
+        if not step.may_vote:
+            return False
+        if isinstance(self.every, Duration):
+            if not crossed(self.every, before, after):
+                return False
+        elif ((step.first - 1) // self.accumulation + 1) % self.every:
             return False
         return total is None or last < total
 
@@ -97,6 +104,7 @@ class ValidationPoints:
         renderer: Any,
         emit: Callable[[Any], None],
         evaluation: Callable[[], Any] = torch.inference_mode,
+        counters: Mapping[str, int] | None = None,
     ) -> dict[str, float]:
         """Validate on the whole loader after `iteration` training batches of `epoch`,
         under `evaluation` (inference mode; no_grad for a sharded model); returns the
@@ -122,7 +130,7 @@ class ValidationPoints:
         finally:
             model.train(training)
             restore_rng_state(rng)
-        self.history.add_point(epoch, iteration, {"valid": values})  # written by rank 0
+        self.history.add_point(epoch, iteration, {"valid": values}, counters)  # by rank 0
         if main:
             for name, counts in processor.matrices.items():  # confusion matrices
                 write_matrix(self.artifacts.point_matrix_file(epoch, iteration, name), name, counts)

@@ -42,6 +42,9 @@ class Progress:
     num_iterations: int | None
     items: int
     elapsed: float
+    run: str = ""
+    """The run's progress in the unit of its length (`train_for`), e.g. "samples
+    1.2M/5M"; empty for a length in epochs."""
 
     @property
     def items_per_second(self) -> float:

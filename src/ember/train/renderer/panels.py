@@ -345,6 +345,9 @@ def status_panel(snapshot: Snapshot, width: int, height: int) -> list[Line]:
         total = f"/{progress.num_iterations}" if progress.num_iterations else ""
         rows.append(("iteration", f"{progress.iteration}{total}", ""))
         rows.append(("items", f"{progress.items:,}", ""))
+        if progress.run:
+            unit, _, done = progress.run.partition(" ")
+            rows.append((unit, done, ""))
     rows.append(("elapsed", format_duration(snapshot.elapsed), ""))
     if snapshot.eta is not None and snapshot.reason is None:
         rows.append(("eta", format_duration(snapshot.eta), ""))

@@ -80,16 +80,18 @@ class PlainRenderer:
         else:
             position, eta = f"iter {progress.iteration}", ""
         values = _values(progress.split, metrics)
+        run = f"  {progress.run}" if progress.run else ""
         self._write(
-            f"{progress.split:<5} epoch {progress.epoch}/{progress.num_epochs}  {position}  "
+            f"{progress.split:<5} epoch {progress.epoch}/{progress.num_epochs}  {position}{run}  "
             f"{progress.items_per_second:,.0f} items/s{eta}  {values}".rstrip()
         )
 
     def end_split(self, progress: Progress, metrics: Sequence[MetricView]) -> None:
         values = _values(progress.split, metrics)
+        run = f" ({progress.run})" if progress.run and progress.split == "train" else ""
         self._write(
             f"{progress.split:<5} epoch {progress.epoch}/{progress.num_epochs} done: "
-            f"{progress.iteration} iterations, {progress.items:,} items in "
+            f"{progress.iteration} iterations, {progress.items:,} items{run} in "
             f"{format_duration(progress.elapsed)}  {values}".rstrip()
         )
         self._last = time.monotonic()
