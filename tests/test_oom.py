@@ -132,7 +132,7 @@ def test_without_auto_out_of_memory_ends_the_run_at_once(tmp_path, quiet):
     assert models[0].raised == 1
 
 
-def test_auto_is_refused_with_custom_optimization_or_several_processes(tmp_path):
+def test_auto_is_refused_with_custom_optimization_or_fsdp(tmp_path):
     class Manual(nn.Module):
         def __init__(self):
             super().__init__()
@@ -148,10 +148,10 @@ def test_auto_is_refused_with_custom_optimization_or_several_processes(tmp_path)
         )
     with pytest.raises(ConfigError, match="an int >= 1\\) or 'auto', got 'Auto'"):
         LearnerBuilder(tmp_path).grads_accumulation("Auto")
-    with pytest.raises(ConfigError, match="runs on one process"):
-        LearnerBuilder(tmp_path).grads_accumulation("auto").devices(["cpu", "cpu"]).build(
-            Fits(8), AdamConfig().init(), 1e-2
-        )
+    with pytest.raises(ConfigError, match="not on FSDP shards.* grads_accumulation\\(n\\)"):
+        LearnerBuilder(tmp_path).grads_accumulation("auto").devices(
+            ["cpu", "cpu"], strategy="fsdp"
+        ).build(Fits(8), AdamConfig().init(), 1e-2)
 
 
 @dataclass
@@ -201,13 +201,18 @@ class FailsOnce(Fits):
 def test_the_gradients_of_a_half_done_step_are_dropped_before_it_runs_again(tmp_path, quiet):
     # calls: 1 (16 samples, too many), 2 and 3 (iteration 1 in halves), 4 (iteration 2's
     # first half, backpropagated), 5 (its second half: out of memory) -> split into 4
-    auto, _ = train(
+    auto, learner = train(
         tmp_path / "auto", quiet, 16, "auto", make=lambda fits: FailsOnce(fits, at_call=5)
     )
-    explicit, _ = train(tmp_path / "explicit", quiet, batch=4, accumulation=4)
+    explicit, reference = train(tmp_path / "explicit", quiet, batch=4, accumulation=4)
     assert auto.raised == 2
     for a, b in zip(auto.parameters(), explicit.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    # the dropped attempt's first half (8 samples) is not in the epoch's metric lines
+    lines = (tmp_path / "auto" / "train" / "epoch-1" / "Loss.log").read_text().splitlines()
+    assert sum(float(line.split(",")[1]) for line in lines) == 100
+    for (_, a), (_, b) in zip(learner.history, reference.history):
+        assert a["train"]["Loss"] == pytest.approx(b["train"]["Loss"], abs=1e-6)
 
 
 # Out-of-memory post-mortem ------------------------------------------------------------

@@ -5,12 +5,13 @@ Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-
     [--strategy ddp|fsdp] [--sharded-checkpoints] [--mlp] [--adam] [--accumulate K]
     [--clip NORM] [--device cpu|cuda] [--recompute]
     [--valid-every N] [--limit-train N] [--nan-rank R --nan-step S] [--skip-nonfinite]
-    [--save-every-rank] [--token-mean] [--train-for DURATION]
+    [--save-every-rank] [--token-mean] [--train-for DURATION] [--fits N [--oom-rank R]]
 Under torchrun, pass --processes 1: torchrun provides the processes.
 
 --strategy fsdp shards the model (each hidden block of --mlp is a unit of its own),
 --sharded-checkpoints has each process write its own shards;
---mlp trains two hidden blocks instead of one linear layer, --adam uses Adam (whose
+--mlp trains two hidden blocks instead of one linear layer (--norm: a BatchNorm1d
+before it), --adam uses Adam (whose
 state is sharded too), --accumulate and --clip set gradient accumulation and clipping.
 
 --fail-rank raises in the third training step of that rank, --hang-rank sleeps there
@@ -18,7 +19,9 @@ for an hour; --slow sleeps in every step; --recompute turns on activation
 checkpointing of the model's Linear layer. --nan-rank makes the loss of that rank's
 --nan-step-th training step NaN; --skip-nonfinite trains with nonfinite_loss("skip");
 --save-every-rank has every process save its own weights (DIR/rank-R); --token-mean
-reports each loss as a mean over tokens (each sample stands for 1 to 5 of them). --events appends "<what> <rank> <time>" lines
+reports each loss as a mean over tokens (each sample stands for 1 to 5 of them).
+--fits raises torch.OutOfMemoryError on a training batch of more than N samples (on
+rank R only with --oom-rank); --accumulate auto splits batches that do not fit. --events appends "<what> <rank> <time>" lines
 to FILE (each step, the failure, the hang), so a test can time what follows. The
 process exits with `learner.exit_code`.
 """
@@ -67,6 +70,8 @@ class Linear(nn.Module):
         super().__init__()
         if args.mlp:
             self.layer: nn.Module = nn.Sequential(Block(8, 16), Block(16, 16), nn.Linear(16, 3))
+        elif args.norm:
+            self.layer = nn.Sequential(nn.BatchNorm1d(8), nn.Linear(8, 3))
         else:
             self.layer = nn.Linear(8, 3)
         self.args, self.steps = args, 0
@@ -97,6 +102,10 @@ class Linear(nn.Module):
             time.sleep(3600)
         if args.slow:
             time.sleep(args.slow)
+        size = batch.inputs.shape[0]
+        if args.fits is not None and args.oom_rank in (None, rank) and size > args.fits:
+            note(args.events, f"oom-{size}")
+            raise torch.OutOfMemoryError(f"CUDA out of memory (a batch of {size} on rank {rank})")
         output = self.classify(batch)
         if self.steps == args.nan_step and rank == args.nan_rank:
             output.loss = output.loss * float("nan")
@@ -121,7 +130,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--strategy", default="ddp")
     parser.add_argument("--mlp", action="store_true")
     parser.add_argument("--adam", action="store_true")
-    parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--accumulate", type=lambda text: text if text == "auto" else int(text))
+    parser.add_argument("--fits", type=int, default=None)
+    parser.add_argument("--norm", action="store_true")
+    parser.add_argument("--oom-rank", type=int, default=None)
     parser.add_argument("--clip", type=float, default=None)
     parser.add_argument("--sharded-checkpoints", action="store_true")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -175,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
         .with_file_checkpointer(DefaultRecorder())
         .devices(devices, timeout=args.timeout, **strategy)
         .num_epochs(args.epochs)
-        .grads_accumulation(args.accumulate)
+        .grads_accumulation(args.accumulate or 1)
         .renderer(PlainRenderer(interval=3600))
     )
     if args.clip is not None:

@@ -588,7 +588,7 @@ class LearnerBuilder:
                 "processes are not supported with it. Train on one device."
             )
         if self._micro_auto:
-            self._check_micro_auto(manual, placement)
+            self._check_micro_auto(manual)
         if self._devices is None and placement is None:
             device = _model_device(model)
         else:
@@ -679,20 +679,21 @@ class LearnerBuilder:
         )
         return Learner(options)
 
-    def _check_micro_auto(self, manual: bool, placement: Any) -> None:
-        """grads_accumulation("auto") splits batches of one process, whose loss ember
-        backpropagates."""
+    def _check_micro_auto(self, manual: bool) -> None:
+        """grads_accumulation("auto") splits batches whose loss ember backpropagates, on
+        one process or DDP replicas."""
         if manual:
             raise ConfigError(
                 "grads_accumulation('auto') splits a batch and backpropagates each part, and "
                 "custom optimization (a dict of optimizers) runs its own backward passes: "
                 "use grads_accumulation(n) with a smaller batch size instead."
             )
-        if (self._devices is not None and len(self._devices) > 1) or placement:
+        if self._fsdp is not None:
             raise ConfigError(
-                "grads_accumulation('auto') runs on one process: several processes would "
-                "each find their own split. Set the split yourself: a smaller batch size "
-                "with grads_accumulation(n)."
+                "grads_accumulation('auto') runs on one process or DDP replicas, not on "
+                "FSDP shards: FSDP gathers the parameters inside every forward pass, where a "
+                "rank that runs out of memory would leave the others waiting. Set the split "
+                "yourself (a smaller batch size with grads_accumulation(n)), or use DDP."
             )
 
     def _optimization(

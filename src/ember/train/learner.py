@@ -34,6 +34,7 @@ from ember.train.lock import RunLock
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
 from ember.train.oom import (
+    RankSplit,
     memory_post_mortem,
     start_memory_history,
     stop_memory_history,
@@ -109,6 +110,8 @@ class Learner:
         self._early_stop: Outcome | None = None
         self.dist: Distributed | None = None
         self._ddp: Any = None
+        self._ranks: RankSplit | None = None
+        """grads_accumulation("auto") on several processes: their agreement."""
         self._whole: dict[str, Any] | None = None
         self._move = self.device.type != "cpu"  # batches from a DataLoader are on the CPU
         self._manual: StepContext | None = None
@@ -346,7 +349,7 @@ class Learner:
             processor.restore_epoch_states(resume.metric_states(dist), self.device)
         self.iteration, self.items, stop = start.iteration, start.items, False
         check = 0 if self._output_checked else start.iteration + 1  # once a fit
-        with join(self._ddp):
+        with self._ranks.join() if self._ranks is not None else join(self._ddp):
             for step in plan:
                 finite = stepping.train_step(self, processor, step, epoch, plan.total, check)
                 stepping.step_optimizer(self, finite, epoch)

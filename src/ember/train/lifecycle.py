@@ -26,6 +26,7 @@ from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.base import MetricLogger, RunStart, start_loggers
 from ember.train.logger.file import FileMetricLogger
 from ember.train.model_summary import summarize_model
+from ember.train.oom import RankSplit
 from ember.train.outcome import Outcome
 from ember.train.parallel import evaluation, parallelize
 from ember.train.position import Position
@@ -79,6 +80,8 @@ def prepare(learner: Learner, train: Iterable[Any], valid: Iterable[Any] | None)
     )
     if dist is not None:  # the model as the processes share it, before it is restored
         learner._ddp = parallelize(learner.model, learner.optimizer, dist, learner.options.fsdp)
+        if learner.optim.micro_split is not None:  # grads_accumulation("auto")
+            learner._ranks = RankSplit(dist, learner.model)
     notes += [
         *resume.notes,
         *learner.checkpoints.restore(resume, learner.model, learner.optim, dist),

@@ -95,14 +95,14 @@ class Optimization:
         if callbacks is not None and callbacks.after_backward:
             callbacks.call("on_after_backward")
 
-    def rescale(self, total: torch.Tensor | float, dist: Any = None) -> None:
+    def rescale(self, total: torch.Tensor | float, dist: Any = None, world: int = 1) -> None:
         """Token-weighted accumulation: each batch of the group added the gradient of
         `loss * weight` (its loss is a mean over `weight` tokens); divide by the group's
         total weight over every process, so the gradient is that of the mean over all
         of its tokens. Several processes average their gradients (DDP, FSDP): the
-        factor is the number of processes over the total weight."""
+        factor is the number of processes over the total weight. Without `dist`, `total`
+        is already the total over the `world` processes."""
         weight = torch.as_tensor(total, dtype=torch.float32)
-        world = 1
         if dist is not None:
             weight, world = dist.sum(weight), dist.world
         factor = torch.where(weight > 0, world / weight, torch.zeros_like(weight))

@@ -63,6 +63,7 @@ class MetricsProcessor:
         self._started = 0.0
         self._next_tick = 0.0
         self._restore: tuple[list[dict[str, Any]], Any] | None = None
+        self._held = False
         self._loss_state: MetricState | None = None
         self._on_nonfinite: Callable[[int, int, float], None] | None = None
         self.run_progress: Callable[[], str] | None = None
@@ -181,6 +182,25 @@ class MetricsProcessor:
                     state.pending.append((iteration, number, weight, factor))
             finally:
                 torch._C._set_grad_enabled(grad)
+        if time.monotonic() >= self._next_tick and not self._held:
+            self._tick()
+
+    def hold(self) -> tuple[int, int, list[int]]:
+        """Keep the coming updates on the device, undoable (`undo`) until `release`:
+        a training step that may run again (grads_accumulation("auto"))."""
+        self._held = True
+        states = self.states.get(self._split, ())
+        return self._iteration, self._items, [len(state.pending) for state in states]
+
+    def undo(self, mark: tuple[int, int, list[int]]) -> None:
+        """Forget the updates since `hold` returned `mark` (a dropped attempt). The
+        metrics' own whole-epoch states (`epoch_value()` metrics) keep them."""
+        self._iteration, self._items, lengths = mark
+        for state, length in zip(self.states.get(self._split, ()), lengths):
+            del state.pending[length:]
+
+    def release(self) -> None:
+        self._held = False
         if time.monotonic() >= self._next_tick:
             self._tick()
 

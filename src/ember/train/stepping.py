@@ -20,7 +20,7 @@ from ember.data.device import to_device
 from ember.errors import TrainingError
 from ember.train.batches import Step
 from ember.train.events import ProcessedItem
-from ember.train.oom import run_split
+from ember.train.oom import RankSplit, run_split, run_split_ranks
 from ember.train.output import loss_weight, summed_loss_hint
 from ember.train.parallel import no_sync
 from ember.train.processor import MetricsProcessor
@@ -45,14 +45,21 @@ def train_step(
     if learner.optim.micro_split is None:
         return run_step(learner, processor, step, epoch, total, check)
     iteration, items, counting = learner.iteration, learner.items, not learner.flops.done
+    ranks, mark = learner._ranks, processor.hold()
 
     def attempt(split: Step) -> bool:
         learner.iteration, learner.items = iteration, items  # a failed attempt counts nothing
+        processor.undo(mark)  # nor do its metric values
         if counting:  # the FLOPs are counted on a batch that fits
             learner.flops.done = False
-        return run_step(learner, processor, split, epoch, total, check)
+        return run_step(learner, processor, split, epoch, total, check, ranks)
 
-    return run_split(learner.optim, step, attempt)
+    try:
+        if ranks is not None:  # several processes: they agree on every attempt
+            return run_split_ranks(learner.optim, step, attempt, ranks)
+        return run_split(learner.optim, step, attempt)
+    finally:
+        processor.release()
 
 
 def run_step(
@@ -62,13 +69,18 @@ def run_step(
     epoch: int,
     total: int | None,
     check: int,
+    ranks: RankSplit | None = None,
 ) -> bool:
     """Forward and backward every batch of one optimizer step; False when a loss
     was not finite. The batch numbered `check` has its output checked. The callbacks'
     `on_before_optimizer_step` comes before the metrics of the step's last batch
     (they may read it: `GradNormMetric`), the step after them (a non-finite loss the
-    metrics find stops the run before its step is applied)."""
+    metrics find stops the run before its step is applied). With `ranks`
+    (grads_accumulation("auto") on several processes) the model runs without DDP and
+    the processes agree after the last batch (`RankSplit.settle`)."""
     optim, guard, ddp, manual = learner.optim, learner.guard, learner._ddp, learner._manual
+    if ranks is not None:
+        ddp = None  # gradients stay local until every process fitted
     model = learner.model
 
     def manual_step(batch: Any) -> Any:  # custom optimization: the step gets the context
@@ -116,7 +128,11 @@ def run_step(
                 optim.backward(output.loss, share)
                 if iteration == check:
                     check_metrics(learner, processor, output, epoch)
-        if index == last and learner._token_mean:
+        if index == last and ranks is not None:
+            verdict = ranks.settle(finite, tokens if learner._token_mean else 0)
+            if learner._token_mean:
+                optim.rescale(verdict.tokens, world=ranks.dist.world)
+        elif index == last and learner._token_mean:
             optim.rescale(tokens, learner.dist)  # by the group's tokens on every process
         if index == last and finite:
             optim.prepare()
@@ -165,7 +181,10 @@ def step_optimizer(learner: Learner, finite: bool, epoch: int) -> None:
     skips the step on every rank, so the replicas stay equal."""
     elsewhere = False
     if learner.dist is not None and learner.guard.policy == "skip":
-        agreed = not learner.dist.any(not finite)
+        if learner._ranks is not None and learner._ranks.verdict is not None:
+            agreed = learner._ranks.verdict.finite  # the attempt's agreement said it
+        else:
+            agreed = not learner.dist.any(not finite)
         elsewhere, finite = finite and not agreed, agreed
     if finite:
         learner.optim.step()
