@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections import namedtuple
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,6 +179,15 @@ def test_split_batch_cuts_every_tensor_along_the_first_dimension():
 
     with pytest.raises(TrainingError, match="cannot split a Opaque batch"):
         split_batch(Opaque(), 2)
+
+    @dataclass
+    class Tokens:
+        x: torch.Tensor
+        num_tokens: int
+
+    # Its token count would be copied into every part, counting its tokens twice.
+    with pytest.raises(TrainingError, match="says its own num_tokens.*output's tokens="):
+        split_batch(Tokens(x, 40), 2)
 
 
 class FailsOnce(Fits):

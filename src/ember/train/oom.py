@@ -83,11 +83,13 @@ def split_batch(batch: Any, parts: int) -> list[Any]:
             return [type(batch)(*row) for row in rows]
         return [type(batch)(row) for row in rows]
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        if hasattr(batch, "num_items"):
+        told = [name for name in ("num_items", "num_tokens") if hasattr(batch, name)]
+        if told:
             raise TrainingError(
                 f"grads_accumulation('auto') cannot split a {type(batch).__name__} batch: it "
-                "says its own num_items, which a split along the first dimension would not "
-                "keep. Set grads_accumulation(n) with a smaller batch size instead."
+                f"says its own {' and '.join(told)}, which a split along the first dimension "
+                "would not keep. Give a step's tokens as its output's tokens= (counted for "
+                "each micro-batch), or set grads_accumulation(n) with a smaller batch size."
             )
         names = [field.name for field in dataclasses.fields(batch) if field.init]
         pieces = {name: split_batch(getattr(batch, name), parts) for name in names}
