@@ -47,7 +47,7 @@ class LossGuard:
         """The training loss metric reports non-finite losses: no check per step."""
         self._pending: list[tuple[int, int, torch.Tensor]] = []
         self._copies = host.HostCopies()
-        self._in_flight: list[tuple[list[tuple[int, int]], host.Transfer]] = []
+        self._in_flight: host.InFlight[list[tuple[int, int]]] = host.InFlight()
 
     def check(self, loss: torch.Tensor, epoch: int, iteration: int) -> bool:
         """True when the loss is finite (as far as is known now)."""
@@ -81,14 +81,11 @@ class LossGuard:
             pending, self._pending = self._pending, []
             flags = torch.stack([flag for _, _, flag in pending])
             where = [(epoch, iteration) for epoch, iteration, _ in pending]
-            self._in_flight.append((where, self._copies.launch([flags])))
+            self._in_flight.add(where, self._copies.launch([flags]))
 
     def _read(self, wait: bool) -> None:
-        if wait and self._in_flight:
-            self._in_flight[-1][1].values()  # queued last: the others are done with it
-        while self._in_flight and (wait or self._in_flight[0][1].ready()):
-            where, transfer = self._in_flight.pop(0)
-            for (epoch, iteration), ok in zip(where, transfer.values()[0]):
+        for where, values in self._in_flight.arrived(wait):
+            for (epoch, iteration), ok in zip(where, values[0]):
                 if not ok:
                     raise self._error(math.nan, epoch, iteration)
 

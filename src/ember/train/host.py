@@ -18,8 +18,9 @@ if its tensors lived on an accelerator, counting every wait: `on_host`,
 
 from __future__ import annotations
 
+import collections
 import contextlib
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Generic, Iterator, Protocol, Sequence, TypeVar
 
 import torch
 from torch import Tensor
@@ -116,6 +117,31 @@ class Transfer:
             self._pending = []
             self._events = []
         return self._results
+
+
+_About = TypeVar("_About")
+
+
+class InFlight(Generic[_About]):
+    """Transfers on their way to the host, each with what it is about, oldest first."""
+
+    def __init__(self) -> None:
+        self._queue: collections.deque[tuple[_About, Transfer]] = collections.deque()
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
+
+    def add(self, about: _About, transfer: Transfer) -> None:
+        self._queue.append((about, transfer))
+
+    def arrived(self, wait: bool = False) -> Iterator[tuple[_About, list[Any]]]:
+        """The transfers done, oldest first, with their values (`wait`: all of them,
+        waiting once for the newest: its copies were queued after the others')."""
+        if wait and self._queue:
+            self._queue[-1][1].values()
+        while self._queue and (wait or self._queue[0][1].ready()):
+            about, transfer = self._queue.popleft()
+            yield about, transfer.values()
 
 
 def _nest(flat: list[Any], shape: torch.Size) -> list[Any]:

@@ -69,7 +69,7 @@ class MetricsProcessor:
         self.run_progress: Callable[[], str] | None = None
         """The run's progress in the unit of its length, for `Progress.run`."""
         self._copies = host.HostCopies()
-        self._in_flight: list[tuple[list[tuple[MetricState, list[Any]]], host.Transfer]] = []
+        self._in_flight: host.InFlight[list[tuple[MetricState, list[Any]]]] = host.InFlight()
         """Ticks' values on their way to the host, oldest first."""
         self.matrices: dict[str, list[list[int]]] = {}
         """The count matrices of the split that ended last (matrix metrics such as the
@@ -243,17 +243,14 @@ class MetricsProcessor:
                     tensors.append(weight)
             state.pending = []
         if batch:
-            self._in_flight.append((batch, self._copies.launch(tensors, scalars=True)))
+            self._in_flight.add(batch, self._copies.launch(tensors, scalars=True))
 
     def _arrived(self, wait: bool = False) -> list[MetricRecord]:
         """The records of the launched values that reached the host, in order (`wait`:
         all of them, waiting once for the newest if need be)."""
-        if wait and self._in_flight:
-            self._in_flight[-1][1].values()  # its copies were queued after the others
         records: list[MetricRecord] = []
-        while self._in_flight and (wait or self._in_flight[0][1].ready()):
-            batch, transfer = self._in_flight.pop(0)
-            records += self._finish(batch, iter(transfer.values()))
+        for batch, values in self._in_flight.arrived(wait):
+            records += self._finish(batch, iter(values))
         return records
 
     def _finish(

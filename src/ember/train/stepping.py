@@ -40,7 +40,7 @@ def train_step(
     total: int | None,
     check: int,
 ) -> bool:
-    """`_run_step`, or under `grads_accumulation("auto")` the step run again in
+    """`run_step`, or under `grads_accumulation("auto")` the step run again in
     micro-batches after an out-of-memory error (`train/oom.py`)."""
     if learner.optim.micro_split is None:
         return run_step(learner, processor, step, epoch, total, check)
