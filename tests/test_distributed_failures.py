@@ -20,6 +20,7 @@ import torch
 
 from ember.errors import TrainingError
 from ember.train import distributed
+from ember.train.distributed import failures, launch
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
 RAISE = 'raise RuntimeError(f"deliberate failure on rank {rank}")'  # the failing line's source
@@ -288,10 +289,10 @@ def test_standard_input_python_c_and_interactive_sessions_are_refused(monkeypatc
         monkeypatch.setattr(sys, "argv", [argv0])
         monkeypatch.setattr(sys, "orig_argv", orig)
         with pytest.raises(TrainingError, match="script on standard input"):
-            distributed._command()
+            launch._command()
     monkeypatch.setattr(sys, "argv", ["train.py", "--epochs", "2"])
     monkeypatch.setattr(sys, "orig_argv", ["python", "-u", "train.py", "--epochs", "2"])
-    assert distributed._command() == [sys.executable, "-u", "train.py", "--epochs", "2"]
+    assert launch._command() == [sys.executable, "-u", "train.py", "--epochs", "2"]
 
 
 def test_a_device_list_must_match_the_launched_processes(monkeypatch):
@@ -309,7 +310,7 @@ def test_a_device_list_must_match_the_launched_processes(monkeypatch):
 def test_the_hang_report_names_who_did_not_arrive_and_who_did_not_answer():
     mine = {"waiting": "a barrier", "location": "x.py:1 in f", "position": "epoch 2, iteration 5"}
     busy = {"waiting": None, "location": "train.py:9 in load (next(it))", "position": None}
-    failure = distributed._missing(0, mine, {1: busy, 2: None, 3: dict(mine)}, 20.0)
+    failure = failures._missing(0, mine, {1: busy, 2: None, 3: dict(mine)}, 20.0)
     assert failure.kind == "hang" and failure.culprits == (1, 2)
     assert failure.summary == (
         "Ranks 1 and 2 did not reach a barrier at epoch 2, iteration 5 within 20 s (ranks 0 "
@@ -317,7 +318,7 @@ def test_the_hang_report_names_who_did_not_arrive_and_who_did_not_answer():
         "answer: it died, or is stuck outside Python"
     )
     other = {"waiting": "the vote on stopping", "location": "y.py:2 in g", "position": None}
-    crossed = distributed._missing(0, mine, {1: other}, 20.0)
+    crossed = failures._missing(0, mine, {1: other}, 20.0)
     assert crossed.summary.startswith("The ranks waited for each other within 20 s in different")
     assert crossed.culprits == (1,)
 

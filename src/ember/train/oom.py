@@ -33,7 +33,7 @@ waiting in a collective that another one will never join (`RankSplit`):
   handling ends, reporting that process's error.
 
 An error that is not out of memory (or out of memory once the attempt's table was
-agreed) ends the run as any failure of one rank does (`train/distributed.py`). Runs
+agreed) ends the run as any failure of one rank does (`train/distributed/`). Runs
 without "auto" keep DDP's own reduction: nothing here runs for them.
 
 With `LearnerBuilder.memory_history()`, a run on CUDA records its allocations; when an

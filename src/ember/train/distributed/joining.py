@@ -1,0 +1,131 @@
+"""Joining the process group (after starting the other ranks, when ember starts them),
+and the device of each process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from datetime import timedelta
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ember.environment import from_environment
+from ember.errors import TrainingError
+from ember.train.distributed import group
+from ember.train.distributed.failures import _explained, _install_excepthook, _RankLog
+from ember.train.distributed.group import Distributed
+from ember.train.distributed.launch import _LAUNCHER, Child, _launch
+from ember.train.distributed.where import _LABELS
+
+log = logging.getLogger("ember.train.distributed")  # the package's one logger
+
+_SLACK = 10.0  # the group's own timeout exceeds `timeout` by this, so ember reports first
+
+
+def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed | None:
+    """Join (or start, then join) the process group; None for a single process."""
+    placement = from_environment()
+    children: list[Child] = []
+    saved: dict[str, str | None] = {}
+    if placement is None:
+        if devices is None or len(devices) <= 1:
+            return None
+        process_device(devices, 0)  # a device list a launcher's processes do not match
+        children, saved = _launch(len(devices))
+        placement = (0, len(devices), 0)
+    rank, world, local_rank = placement
+    device = process_device(devices, local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    launcher = int(os.environ[_LAUNCHER]) if _LAUNCHER in os.environ else None
+    context = Distributed(rank, world, local_rank, device, backend, children, saved)
+    context.timeout, context.launcher = timeout, launcher
+    ours = bool(children) or launcher is not None
+    context.prefix = "" if ours else f"[rank{rank}]: "
+    group._setups += 1
+    _explained.clear()
+    context._listen_to_signals()
+    if ours:
+        context._start_watchdog()  # watch the started ranks (or our starter) from now on
+    hook = sys.excepthook
+    try:
+        try:
+            dist.init_process_group(
+                backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout + _SLACK)
+            )
+        except Exception as error:
+            report = context._exits(wait=2.0)
+            context.close(failed=True)
+            raise TrainingError(
+                f"Joining the process group as rank {rank} of {world} failed: {error}. {report}"
+            ) from error
+        # torch prefixes uncaught errors with the rank; the ranks ember starts are
+        # prefixed by rank 0 already
+        _install_excepthook(hook if ours else sys.excepthook, context.prefix)
+        context._attach_board()
+        if not ours:
+            context._start_watchdog()
+        ember_log = logging.getLogger("ember")
+        if not context.main and not ember_log.hasHandlers():
+            context._handler = _RankLog(context, context.prefix)
+            ember_log.addHandler(context._handler)
+    except BaseException:
+        if not context.finished:
+            context.close(failed=True)
+        raise
+    log.info("Rank %d of %d on %s (backend %s).", rank, world, device, backend)
+    return context
+
+
+def process_device(devices: Sequence[torch.device] | None, local_rank: int) -> torch.device:
+    """The device of the process with `local_rank` on its machine. Under a launcher, a
+    list of several devices must list one per process it started on this machine."""
+    launched = os.environ.get("LOCAL_WORLD_SIZE")
+    if devices and len(devices) > 1 and launched is not None and int(launched) != len(devices):
+        raise TrainingError(
+            f"devices() lists {len(devices)} devices, but the launcher started {launched} "
+            f"processes on this machine (LOCAL_WORLD_SIZE={launched}). List one device per "
+            f"process ({launched}), or a single device name such as ['cuda'] or ['cpu'], "
+            "which every process uses ('cuda' is cuda:LOCAL_RANK)."
+        )
+    if not devices:
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank)
+        return torch.device("cpu")
+    if len(devices) == 1:
+        device = devices[0]
+        if device.type == "cuda" and device.index is None:
+            return torch.device("cuda", local_rank)
+        return device
+    if local_rank >= len(devices):
+        raise TrainingError(
+            f"Local rank {local_rank} has no device: devices() lists {len(devices)}. List one "
+            "device per process on this machine."
+        )
+    return devices[local_rank]
+
+
+# What the group's own waits are called in the hang reports
+_LABELS.update(
+    {
+        Distributed.any.__code__: "the vote on stopping",
+        Distributed.barrier.__code__: "a barrier",
+        Distributed.all_gather.__code__: "an exchange of values between the ranks",
+        Distributed.broadcast.__code__: "a broadcast from rank 0",
+        Distributed.close.__code__: "the end of training",
+        setup.__code__: "joining the process group",
+    }
+)
+
+
+# The loop's helpers ----------------------------------------------------------------
+def world_size(devices: Sequence[torch.device] | None) -> int:
+    """How many processes a run will have: torchrun's world, or one per listed device."""
+    placement = from_environment()
+    if placement is not None:
+        return placement[1]
+    return len(devices) if devices is not None and len(devices) > 1 else 1

@@ -1,0 +1,118 @@
+"""Starting the ranks: one process per extra device, running the same command again, with
+its standard error copied into this process's standard error and log."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+
+from ember.environment import in_notebook
+from ember.errors import TrainingError
+
+log = logging.getLogger("ember.train.distributed")  # the package's one logger
+_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCHER = "EMBER_LAUNCHER_PID"
+"""Set in the processes ember starts: the pid of the process that started them."""
+
+
+@dataclass
+class Child:
+    """A process started by ember for one extra rank."""
+
+    rank: int
+    process: subprocess.Popen[bytes]
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=60))
+    reader: threading.Thread | None = None
+    logged: bool = False
+    """Rank 0 logged this rank's failure record: its further output, which repeats the
+    traceback, goes to standard error only."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _command() -> list[str]:
+    if in_notebook():  # running the command again would start more kernels
+        raise TrainingError(
+            "Training on several devices starts one process per device, which a notebook "
+            "cannot do. Put the training in a script and run it (`python train.py` starts "
+            "one process per device), or launch it with torchrun; in the notebook, train on "
+            "one device."
+        )
+    argv = list(getattr(sys, "orig_argv", []) or [sys.executable, *sys.argv])
+    if len(argv) < 2 or argv[1] in ("-c", "-i") or sys.argv[0] in ("", "-c", "-"):
+        raise TrainingError(
+            "Training on several devices starts one process per device by running your "
+            "command again, which needs a script (`python train.py`, `python -m pkg`), not an "
+            "interactive session, `python -c` or a script on standard input. Run a script, "
+            "or launch with torchrun."
+        )
+    return [sys.executable, *argv[1:]]
+
+
+# Run before the command in the processes ember starts, on Linux: they get SIGKILL when
+# the thread that started them ends (the process that called fit, killed or not).
+_BOOTSTRAP = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)\n"  # PR_SET_PDEATHSIG
+    f"if os.getppid() != int(os.environ['{_LAUNCHER}']): os._exit(1)\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n"
+)
+
+
+def _launch(world: int) -> tuple[list[Child], dict[str, str | None]]:
+    command = _command()
+    if sys.platform.startswith("linux"):
+        command = [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, *command]
+    shared = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+    }
+    saved = {name: os.environ.get(name) for name in _VARIABLES}
+    children = []
+    for rank in range(1, world):
+        env = {
+            **os.environ,
+            **shared,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            _LAUNCHER: str(os.getpid()),
+        }
+        process = subprocess.Popen(
+            command,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
+        child = Child(rank, process)
+        child.reader = threading.Thread(
+            target=_forward, args=(child,), name=f"ember-rank-{rank}", daemon=True
+        )
+        child.reader.start()
+        children.append(child)
+    os.environ.update({**shared, "RANK": "0", "LOCAL_RANK": "0"})
+    return children, saved
+
+
+def _forward(child: Child) -> None:
+    """Copy a child's standard error into our own standard error and the log."""
+    assert child.process.stderr is not None
+    for raw in child.process.stderr:
+        line = raw.decode("utf-8", errors="replace").rstrip("\n")
+        child.tail.append(line)
+        if not child.logged:
+            log.info("[rank %d] %s", child.rank, line)
+        sys.stderr.write(f"[rank {child.rank}] {line}\n")
+    child.process.stderr.close()
