@@ -197,6 +197,118 @@ def run_blobs(directory: Path, *extra: str, timeout: float = 120) -> subprocess.
     return run_script(BLOBS_SCRIPT, str(directory), *extra, timeout=timeout)
 
 
+class ScriptForks:
+    """Runs of a script's `main(argv)` forked from one process that imported torch,
+    ember and the script once: each run starts in milliseconds instead of paying for
+    a fresh interpreter's imports. A run is a process of its own, so a signal (SIGKILL
+    included) reaches it as it would a run started with `subprocess`; its stdout is
+    discarded and its stderr goes to a file. Use as a context manager."""
+
+    SERVER = r"""
+import json, os, sys, traceback
+sys.path.insert(0, sys.argv[2])
+from ember_testing import load_example
+script = load_example(__import__("pathlib").Path(sys.argv[1]), "forked_script")
+requests, replies = sys.stdin, sys.stdout
+for line in requests:
+    request = json.loads(line)
+    if request["op"] == "poll":
+        pid, status = os.waitpid(request["pid"], os.WNOHANG)
+        code = None if pid == 0 else os.waitstatus_to_exitcode(status)
+        replies.write(json.dumps({"code": code}) + "\n")
+        replies.flush()
+        continue
+    pid = os.fork()
+    if pid == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.dup2(err, 2)
+        sys.stdin = open(os.devnull)
+        sys.stdout = open(os.devnull, "w")
+        sys.stderr = open(2, "w", closefd=False)
+        try:
+            code = script.main(request["argv"])
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stderr.flush()
+        os._exit(code or 0)
+    replies.write(json.dumps({"pid": pid}) + "\n")
+    replies.flush()
+"""
+
+    def __init__(self, script: Path) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.server = subprocess.Popen(
+            [sys.executable, "-c", self.SERVER, str(script), str(Path(__file__).parent)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def _ask(self, request: dict) -> dict:
+        assert self.server.stdin is not None and self.server.stdout is not None
+        with self.lock:
+            self.server.stdin.write(json.dumps(request) + "\n")
+            self.server.stdin.flush()
+            reply = self.server.stdout.readline()
+        assert reply, f"the fork server ended with {self.server.poll()}"
+        return json.loads(reply)
+
+    def start(self, argv: Sequence[str], stderr: Path) -> ForkedRun:
+        """A run of `main(argv)`, its stderr written to the file `stderr`."""
+        pid = self._ask({"op": "start", "argv": list(argv), "stderr": str(stderr)})["pid"]
+        return ForkedRun(self, pid, stderr)
+
+    def __enter__(self) -> ScriptForks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.server.stdin is not None
+        self.server.stdin.close()
+        self.server.wait(timeout=60)
+
+
+class ForkedRun:
+    """A run started by `ScriptForks.start`, with the part of `subprocess.Popen`'s
+    interface that the tests use; its return code is negative for a signal."""
+
+    def __init__(self, forks: ScriptForks, pid: int, stderr: Path) -> None:
+        self.forks, self.pid, self.stderr_path = forks, pid, stderr
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.forks._ask({"op": "poll", "pid": self.pid})["code"]
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        import os
+
+        if self.returncode is None:  # not yet reaped: the pid is still this run's
+            os.kill(self.pid, signum)
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+
 def final_weights(directory: Path, name: str = "final") -> dict[str, torch.Tensor]:
     """The weights a blob run wrote as `name` (its final model, or "ema")."""
     from ember.record import DefaultRecorder
