@@ -26,8 +26,10 @@ class LossMetric:
     input_type = LossInput
 
     def update(self, input: LossInput, meta: MetricMetadata) -> MetricValue:
-        loss = input.loss
-        if input.reduction not in ("mean", "sum", "token_mean"):
+        loss, reduction = input.loss, input.reduction
+        if reduction == "mean" and type(loss) is torch.Tensor and loss.dim() == 0:
+            return MetricValue(loss.detach(), input.batch_size)  # the common case
+        if reduction not in ("mean", "sum", "token_mean"):
             raise TrainingError(
                 "LossMetric reads a loss reduced by 'mean', 'sum' or 'token_mean'; got "
                 f"{input.reduction!r}."
