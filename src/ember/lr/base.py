@@ -81,7 +81,11 @@ class LrDriver:
             return self.last_lr
         if self.interval == "epoch" and self._epoch_lr is not None:
             return self._epoch_lr
-        lr = _checked(float(self.scheduler.step()), self.scheduler)
+        scheduler = self.scheduler
+        if type(scheduler) is ConstantLr:
+            lr = scheduler.lr  # checked when set
+        else:
+            lr = _checked(float(scheduler.step()), scheduler)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.last_lr = lr
@@ -177,14 +181,7 @@ class ConstantLr:
     """Returns the same learning rate at every step."""
 
     def __init__(self, lr: float) -> None:
-        if (
-            not isinstance(lr, (int, float))
-            or isinstance(lr, bool)
-            or not math.isfinite(lr)
-            or lr < 0
-        ):
-            raise ConfigError(f"The learning rate must be a finite number >= 0, got {lr!r}.")
-        self.lr = float(lr)
+        self.lr = _constant(lr)
 
     def step(self) -> float:
         return self.lr
@@ -193,7 +190,13 @@ class ConstantLr:
         return {"lr": self.lr}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.lr = float(state["lr"])
+        self.lr = _constant(state["lr"])
+
+
+def _constant(lr: Any) -> float:
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr < 0:
+        raise ConfigError(f"The learning rate must be a finite number >= 0, got {lr!r}.")
+    return float(lr)
 
 
 def _checked(lr: float, scheduler: Any) -> float:

@@ -32,7 +32,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 from ember.errors import EmberError, TrainingError
 from ember.train.metric.base import weighted_mean
@@ -40,6 +40,7 @@ from ember.train.metric.base import weighted_mean
 __all__ = [
     "SPLITS",
     "Artifacts",
+    "add_lines",
     "checkpoint_epochs",
     "checkpoint_path",
     "format_line",
@@ -94,6 +95,22 @@ def format_weight(weight: float) -> str:
 def format_line(value: float, weight: float) -> str:
     """One iteration's line: `value,weight` and a newline."""
     return f"{format_value(value)},{format_weight(weight)}\n"
+
+
+def add_lines(lines: dict[str, list[str]], records: Iterable[Any]) -> dict[str, list[str]]:
+    """Append each record's line (`format_line`) to its metric's list in `lines`; return
+    `lines`. The lines of a whole tick at once, formatted inline: this runs for every
+    iteration of every metric."""
+    for record in records:
+        text = lines.get(record.name)
+        if text is None:
+            text = lines[record.name] = []
+        weight = float(record.weight)
+        if weight.is_integer():
+            text.append(f"{float(record.value)!r},{int(weight)}\n")
+        else:
+            text.append(f"{float(record.value)!r},{weight!r}\n")
+    return lines
 
 
 def _parse_line(line: str) -> tuple[float, float] | None:

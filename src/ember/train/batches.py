@@ -15,11 +15,16 @@ import itertools
 import logging
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
+from torch import Tensor
+
 from ember.data.device import first_dim
 from ember.errors import ConfigError, TrainingError
 from ember.train.position import Position
 
 log = logging.getLogger(__name__)
+
+
+_new = tuple.__new__  # makes a named tuple from its fields without a Python-level call
 
 
 def find_sampler(loader: Any) -> Any:
@@ -127,6 +132,17 @@ class EpochPlan:
         batches = self.batches()
         done = 0  # batches of this run so far
         shards, world = self._shards, self._world
+        if self.accumulation == 1 and shards is None:  # a step per batch, weighing all of it
+            first, shares = self.start.iteration + 1, [float(world)]
+            for done, batch in enumerate(batches):
+                head = batch[0] if type(batch) in (tuple, list) and batch else None
+                if type(head) is Tensor and head.dim() > 0:  # batch_size's common case
+                    size = int(head.shape[0])
+                else:
+                    size = batch_size(batch)
+                sizes = [size]  # the samples of the batch, and of the step's count
+                yield _new(Step, ([batch], first + done, sizes, shares, sizes, True, None))
+            return
         while True:
             group = list(itertools.islice(batches, self.accumulation))
             if not group:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ember.errors import ConfigError
 
@@ -138,10 +138,10 @@ def short_count(value: int) -> str:
     return str(value)
 
 
-@dataclass(frozen=True)
-class Counters:
+class Counters(NamedTuple):
     """What the run has done since it began: optimizer steps, samples (every
-    process's) and tokens (every process's; 0 when they are not counted)."""
+    process's) and tokens (every process's; 0 when they are not counted). A named
+    tuple: one is made per optimizer step."""
 
     steps: int = 0
     samples: int = 0

@@ -36,7 +36,7 @@ from ember.data.device import to_device
 from ember.errors import ConfigError, TrainingError
 from ember.train.artifacts import (
     Artifacts,
-    format_line,
+    add_lines,
     format_value,
     matrix_file_name,
     metric_file_name,
@@ -435,9 +435,7 @@ class _EvaluationLogger:
         self._files: dict[str, Any] = {}
 
     def log(self, split: str, epoch: int, records: Sequence[MetricRecord]) -> None:
-        lines: dict[str, list[str]] = {}
-        for record in records:
-            lines.setdefault(record.name, []).append(format_line(record.value, record.weight))
+        lines = add_lines({}, records)
         for name, text in lines.items():
             handle = self._files.get(name)
             if handle is None:

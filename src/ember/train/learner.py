@@ -131,6 +131,8 @@ class Learner:
         self.skipped_steps = 0
         """Optimizer steps skipped for a non-finite loss in this run (`nonfinite_loss("skip")`)."""
         self._token_mean = False
+        self._token_share: int | torch.Tensor = 0
+        """The last batch's tokens, when the run's losses are means over tokens."""
         self._output_checked = False
         """The steps' losses are means over tokens: each batch's gradient is weighted by them."""
         self._fitted = False
@@ -349,35 +351,50 @@ class Learner:
             processor.restore_epoch_states(resume.metric_states(dist), self.device)
         self.iteration, self.items, stop = start.iteration, start.items, False
         check = 0 if self._output_checked else start.iteration + 1  # once a fit
+        length, optim, interrupter = self.length, self.optim, self.interrupter
+        cadence, every = self.options.cadence, self.options.checkpoint_every  # mid-epoch saves
+        points = self.points if valid is not None else None
+        steps_itself = dist is None or self.guard.policy != "skip"  # no agreement on a skip
         with self._ranks.join() if self._ranks is not None else join(self._ddp):
             for step in plan:
-                finite = stepping.train_step(self, processor, step, epoch, plan.total, check)
-                stepping.step_optimizer(self, finite, epoch)
-                before = self.counters
-                voted = self.length.advance(step, dist, self.interrupter.should_stop)
-                if self.length.reached_at(step, dist):
-                    self.length.ended = stop = True
+                if optim.micro_split is None:
+                    finite = stepping.run_step(self, processor, step, epoch, plan.total, check)
+                else:
+                    finite = stepping.train_step(self, processor, step, epoch, plan.total, check)
+                if finite and steps_itself:
+                    optim.step()
+                else:
+                    stepping.step_optimizer(self, finite, epoch)
+                before = length.counters
+                voted = length.advance(step, dist, interrupter.should_stop)
+                if length.train_for is not None and length.reached_at(step, dist):
+                    length.ended = stop = True
                     break
-                if self._point_due(step, plan.total, valid, before) and self._valid_point(
-                    processor, valid, epoch
+                if (
+                    points is not None
+                    and points.due(step, plan.total, before, length.counters)
+                    and self._valid_point(processor, valid, epoch)
                 ):
                     stop = True  # early stopping, counting validation points
                     break
-                cadence = self.options.cadence  # checkpoint_every, max_time
-                last = self.iteration == plan.total
-                save = bool(cadence) and cadence.after_step(
-                    epoch, step.may_vote, last, dist, self.interrupter
-                )
-                every = self.options.checkpoint_every
-                if every is not None and not last and (dist is None or step.may_vote):
-                    save = crossed(every, before, self.counters) or save
-                if save:
-                    processor.flush(dist)
-                    self._save_mid_epoch(processor, epoch)
-                stop = self._stop_requested(step, voted)
+                if cadence is not None or every is not None:  # checkpoint_every, max_time
+                    last = self.iteration == plan.total
+                    save = cadence is not None and cadence.after_step(
+                        epoch, step.may_vote, last, dist, interrupter
+                    )
+                    if every is not None and not last and (dist is None or step.may_vote):
+                        save = crossed(every, before, length.counters) or save
+                    if save:
+                        processor.flush(dist)
+                        self._save_mid_epoch(processor, epoch)
+                if voted is not None or dist is not None:
+                    stop = self._stop_requested(step, voted)
+                else:
+                    stop = interrupter.requested
                 if stop:
                     break
-                self.checkpoints.check()
+                if self.checkpoints.checkpointer is not None:
+                    self.checkpoints.check()  # a background write's failure
         self.guard.flush()
         self.length.end_epoch(dist)
         if self.iteration == start.iteration:
@@ -418,13 +435,6 @@ class Learner:
         if self.dist is not None:
             stop = self.dist.any(stop) if step.may_vote else False
         return stop
-
-    def _point_due(
-        self, step: Step, total: int | None, valid: BatchPlanner | None, before: Counters
-    ) -> bool:
-        if valid is None or self.points is None:
-            return False
-        return self.points.due(step, total, before, self.counters)
 
     def _valid_point(
         self, processor: MetricsProcessor, planner: BatchPlanner | None, epoch: int

@@ -1,6 +1,6 @@
 """One optimizer step per group of batches: loss scaling, mixed precision, clipping, LR.
 
-The learner calls `begin_group()`, then `backward(loss, share)` for each batch of the
+The learner sets the group's rate (`lr.before_step()`), then `backward(loss, share)` for each batch of the
 group (share = the batch's fraction of the group's samples, so the accumulated
 gradient is the gradient of the group's mean loss), then `step()`. A loss that is a
 mean over tokens (`loss_reduction="token_mean"`) has its tokens as share instead, and
@@ -50,6 +50,8 @@ class Optimization:
             self.scaler = torch.amp.GradScaler(device.type)
         self._dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision or "")
         self._no_autocast = contextlib.nullcontext()
+        self.autocasts = self._dtype is not None
+        """The steps run under autocast (mixed precision)."""
         self._prepared = False
         self._clips = clip_norm is not None or clip_value is not None
         self.micro_split: int | None = None
@@ -61,10 +63,6 @@ class Optimization:
         if self._dtype is None:
             return self._no_autocast
         return torch.autocast(self.device.type, dtype=self._dtype)
-
-    def begin_group(self) -> float:
-        """Set and return the learning rate of the coming optimizer step."""
-        return self.lr.before_step()
 
     def backward(
         self,
@@ -123,7 +121,13 @@ class Optimization:
     def step(self) -> None:
         """Apply the accumulated gradients, then clear them."""
         prepared, self._prepared = self._prepared, False
-        self.apply(self.optimizer, self.model.parameters(), self.lr, None, prepared)
+        if self.callbacks is None and self.scaler is None and not self._clips:
+            self.optimizer.step()  # `apply` with nothing around the step
+            if self.lr.is_torch:  # only torch schedulers step after the optimizer
+                self.lr.after_step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return
+        self.apply(self.optimizer, None, self.lr, None, prepared)
         if self.scaler is not None:
             self.scaler.update()
 
@@ -139,15 +143,16 @@ class Optimization:
         self, optimizer: Any, params: Any, lr: Any, name: str | None = None, prepared: bool = False
     ) -> None:
         """One optimizer's step: unscale (fp16), the callbacks' `on_before_optimizer_step`
-        (unless `prepare` did both), clip, step, the learning rate's step,
-        `on_after_optimizer_step`, clear."""
+        (unless `prepare` did both), clip `params` (None: the model's), step, the
+        learning rate's step, `on_after_optimizer_step`, clear."""
         callbacks = self.callbacks
         hooks = callbacks is not None and callbacks.optimizer_steps
         if hooks and not prepared:
             self._before(optimizer, name)
         elif self.scaler is not None and not prepared and self._clips:
             self.scaler.unscale_(optimizer)
-        self._clip(params)
+        if self._clips:
+            self._clip(self.model.parameters() if params is None else params)
         if self.scaler is not None:
             self.scaler.step(optimizer)
         else:
@@ -164,8 +169,6 @@ class Optimization:
         self.optimizer.zero_grad(set_to_none=True)
 
     def _clip(self, params: Any) -> None:
-        if self.clip_norm is None and self.clip_value is None:
-            return
         params = list(params)
         if self.clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, self.clip_norm)

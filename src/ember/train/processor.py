@@ -32,6 +32,7 @@ from ember.train.renderer.base import MetricView, Progress, Renderer
 log = logging.getLogger(__name__)
 
 TICK = 0.1
+_new = tuple.__new__  # makes a named tuple from its fields without a Python-level call
 """Seconds between two hand-overs of metric values to the loggers and the renderer."""
 
 
@@ -64,6 +65,8 @@ class MetricsProcessor:
         self._next_tick = 0.0
         self._restore: tuple[list[dict[str, Any]], Any] | None = None
         self._held = False
+        self._hosts: dict[torch.device, bool] = {}
+        """Per device: whether its tensors are read without a wait (`host.on_host`)."""
         self._loss_state: MetricState | None = None
         self._on_nonfinite: Callable[[int, int, float], None] | None = None
         self.run_progress: Callable[[], str] | None = None
@@ -86,8 +89,15 @@ class MetricsProcessor:
         self._items = 0
         self._started = time.monotonic()
         self._next_tick = self._started + self.tick
+        self._hosts = {}
         for state in self.states.get(split, ()):
             state.clear()
+
+    def _learn_host(self, tensor: Tensor) -> bool:
+        """Whether reading `tensor` costs no wait (`host.on_host`), remembered for its
+        device until the split ends."""
+        here = self._hosts[tensor.device] = bool(host.on_host(tensor))
+        return here
 
     def warn_unmerged_metrics(self) -> None:
         """Several processes: name the metrics whose epoch value will cover rank 0's
@@ -160,21 +170,41 @@ class MetricsProcessor:
         self._items += batch_size
         states = self.states.get(self._split)
         if states:
-            meta = MetricMetadata(
-                self._split, self._epoch, self.num_epochs, iteration, self._num_iterations, lr
+            meta = _new(  # a MetricMetadata, made without a Python call (one per step)
+                MetricMetadata,
+                (self._split, self._epoch, self.num_epochs, iteration, self._num_iterations, lr),
             )
             grad = torch.is_grad_enabled()
             torch._C._set_grad_enabled(False)  # metric updates never build a graph
+            item_type, loss_state, hosts = type(item), self._loss_state, self._hosts
             try:
                 for state in states:
-                    value = state.metric.update(adapt(item, state.input_type, state.name), meta)
+                    input_type = state.input_type
+                    if item_type is state.adapts:  # the output type's own adapt, known to work
+                        adapted = item.adapt(input_type)
+                        if type(adapted) is not input_type:
+                            adapted = adapt(item, input_type, state.name)
+                    elif item_type is input_type:
+                        adapted = item
+                    else:
+                        adapted = adapt(item, input_type, state.name)
+                        if type(adapted) is input_type and adapted is not item:
+                            state.adapts = item_type
+                    value = state.metric.update(adapted, meta)
                     number, weight = value.value, value.weight
                     # Values already on the host are read at once (no sync, and no small
                     # tensors kept alive between ticks); device values wait for the tick.
-                    if type(number) is Tensor and host.on_host(number):
-                        number = _item(number, state.name)
-                        if state is self._loss_state:
-                            self._check_loss(state, iteration, number)
+                    if type(number) is Tensor:
+                        here = hosts.get(number.device)
+                        if here is None:
+                            here = self._learn_host(number)
+                        if here:
+                            try:
+                                number = number.item()
+                            except RuntimeError:
+                                _item(number, state.name)  # raises, naming the metric
+                            if state is loss_state and not math.isfinite(number):
+                                self._check_loss(state, iteration, number)
                     if type(weight) is Tensor and host.on_host(weight):
                         weight = _item(weight, state.name)
                     divisor = value.divisor
@@ -265,7 +295,8 @@ class MetricsProcessor:
                 if isinstance(number, str):
                     state.last = number
                     continue
-                if isinstance(number, Tensor):
+                read = isinstance(number, Tensor)
+                if read:
                     number = next(host_values)
                 if isinstance(weight, Tensor):
                     weight = next(host_values)
@@ -276,10 +307,10 @@ class MetricsProcessor:
                 else:
                     number = float(number)
                 weight = float(weight)
-                if state is self._loss_state:
+                if read and state is self._loss_state:  # host values were checked on arrival
                     self._check_loss(state, iteration, number)
                 rows.append((number, weight))
-                records.append(MetricRecord(name, iteration, number, weight))
+                records.append(_new(MetricRecord, (name, iteration, number, weight)))
             state.add_rows(rows)
         return records
 

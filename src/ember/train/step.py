@@ -95,9 +95,16 @@ def call_step(step: Any, batch: Any, name: str, epoch: int, iteration: int) -> A
     try:
         return step(batch)
     except Exception as error:
-        if hasattr(error, "add_note"):
-            error.add_note(
-                f"ember: raised by {name} at epoch {epoch}, iteration {iteration}; "
-                f"the batch was {describe(batch)}"
-            )
+        note_step_error(error, batch, name, epoch, iteration)
         raise
+
+
+def note_step_error(
+    error: BaseException, batch: Any, name: str, epoch: int, iteration: int
+) -> None:
+    """Add to `error` a note naming the step that raised it, where, and its batch."""
+    if hasattr(error, "add_note"):
+        error.add_note(
+            f"ember: raised by {name} at epoch {epoch}, iteration {iteration}; "
+            f"the batch was {describe(batch)}"
+        )

@@ -24,7 +24,7 @@ from ember.train.oom import RankSplit, run_split, run_split_ranks
 from ember.train.output import loss_weight, summed_loss_hint
 from ember.train.parallel import no_sync
 from ember.train.processor import MetricsProcessor
-from ember.train.step import call_step, check_train_output
+from ember.train.step import call_step, check_train_output, note_step_error
 
 if TYPE_CHECKING:
     from ember.train.learner import Learner
@@ -78,71 +78,122 @@ def run_step(
     metrics find stops the run before its step is applied). With `ranks`
     (grads_accumulation("auto") on several processes) the model runs without DDP and
     the processes agree after the last batch (`RankSplit.settle`)."""
-    optim, guard, ddp, manual = learner.optim, learner.guard, learner._ddp, learner._manual
+    optim, ddp, manual = learner.optim, learner._ddp, learner._manual
     if ranks is not None:
         ddp = None  # gradients stay local until every process fitted
-    model = learner.model
-
-    def manual_step(batch: Any) -> Any:  # custom optimization: the step gets the context
-        return model.train_step(batch, manual)  # type: ignore[operator]
-
     forward = ddp if ddp is not None else learner.model.train_step
-    hooks = learner.callbacks
-    lr = optim.begin_group()
+    flops, length = learner.flops, learner.length
+    lr = optim.lr.before_step()  # the step's learning rate
     last, finite = len(step.batches) - 1, True
     tokens: Any = 0  # the group's tokens, when its losses are means over tokens
     origins = step.origins
-    length = learner.length
-    length.start_step()
+    counts_tokens = length.counts_tokens
+    if counts_tokens:
+        length.start_step()
     for index, batch in enumerate(step.batches):
         iteration = step.first + (index if origins is None else origins[index])
         learner.iteration = iteration
         learner.items += step.items[index]
-        told = getattr(batch, "num_tokens", None) if length.counts_tokens else None
+        told = getattr(batch, "num_tokens", None) if counts_tokens else None
         if learner._move:
             batch = to_device(batch, learner.device)
-        if hooks is not None:
-            hooks.ctx.epoch, hooks.ctx.iteration = epoch, iteration
-        with no_sync(ddp, index < last), learner.flops.count():
-            if manual is not None:  # custom optimization: the step runs backward itself
-                manual.begin(epoch, iteration, index == 0, index == last, step.shares[index])
-                with optim.autocast():
-                    output = call_step(manual_step, batch, "train_step", epoch, iteration)
-                ok = manual.ok
-                if iteration == check:
-                    check_output(learner, processor, output, epoch, manual=True)
-                    check_metrics(learner, processor, output, epoch)
-            else:
-                with optim.autocast():
-                    output = call_step(forward, batch, "train_step", epoch, iteration)
-                if iteration == check:
-                    check_output(learner, processor, output, epoch)
-                ok = guard.check(output.loss, epoch, iteration)
-                finite = ok and finite
-                if hooks is not None:
-                    hooks.ctx.output = output
-                share: Any = step.shares[index]
-                if learner._token_mean:
-                    share = token_weight(output.item, iteration)
-                    tokens = tokens + share
-                optim.backward(output.loss, share)
-                if iteration == check:
-                    check_metrics(learner, processor, output, epoch)
+        if learner.callbacks is not None:
+            learner.callbacks.ctx.epoch, learner.callbacks.ctx.iteration = epoch, iteration
+        share: Any = step.shares[index]
+        if manual is not None:  # custom optimization: the step runs backward itself
+            with no_sync(ddp, index < last), flops.count():
+                output, ok = _manual_batch(learner, processor, batch, step, index, epoch, check)
+        elif (ddp is None or index == last) and flops.done:  # nothing to run the batch in
+            output, ok = _train_batch(learner, processor, forward, batch, share, epoch, check)
+        else:
+            with no_sync(ddp, index < last), flops.count():
+                output, ok = _train_batch(learner, processor, forward, batch, share, epoch, check)
+        finite = ok and finite
+        if learner._token_mean and manual is None:
+            tokens = tokens + learner._token_share
         if index == last and ranks is not None:
             verdict = ranks.settle(finite, tokens if learner._token_mean else 0)
             if learner._token_mean:
                 optim.rescale(verdict.tokens, world=ranks.dist.world)
         elif index == last and learner._token_mean:
             optim.rescale(tokens, learner.dist)  # by the group's tokens on every process
-        if index == last and finite:
+        if index == last and finite and optim.callbacks is not None:
             optim.prepare()
-        if length.counts_tokens:
+        if counts_tokens:
             length.count_batch(told, output, iteration)
         if ok:  # a skipped non-finite batch stays out of the epoch's metrics
             processor.update(output.item, iteration, step.sizes[index], lr)
         if learner.listeners:
             learner._emit(ProcessedItem("train", epoch, iteration, total, output.item, lr))
     return finite
+
+
+def _train_batch(
+    learner: Learner,
+    processor: MetricsProcessor,
+    forward: Any,
+    batch: Any,
+    share: Any,
+    epoch: int,
+    check: int,
+) -> tuple[Any, bool]:
+    """One batch's forward (under autocast with mixed precision) and backward, its loss
+    weighted by `share` (by its tokens when the run's losses are means over tokens);
+    the output, and whether its loss is finite (as far as is known now)."""
+    optim, iteration = learner.optim, learner.iteration
+    try:
+        if optim.autocasts:
+            with optim.autocast():
+                output = forward(batch)
+        else:
+            output = forward(batch)
+    except Exception as error:
+        note_step_error(error, batch, "train_step", epoch, iteration)
+        raise
+    if iteration == check:
+        check_output(learner, processor, output, epoch)
+    guard = learner.guard
+    ok = guard.covered or guard.check(output.loss, epoch, iteration)
+    if learner.callbacks is not None:
+        learner.callbacks.ctx.output = output
+    if learner._token_mean:
+        share = learner._token_share = token_weight(output.item, iteration)
+    optim.backward(output.loss, share)
+    if iteration == check:
+        check_metrics(learner, processor, output, epoch)
+    return output, ok
+
+
+def _manual_batch(
+    learner: Learner,
+    processor: MetricsProcessor,
+    batch: Any,
+    step: Step,
+    index: int,
+    epoch: int,
+    check: int,
+) -> tuple[Any, bool]:
+    """One batch of a step that runs its own backward (custom optimization): the
+    output, and whether the step went through."""
+    manual, optim, model, iteration = (
+        learner._manual,
+        learner.optim,
+        learner.model,
+        learner.iteration,
+    )
+    assert manual is not None
+    last = len(step.batches) - 1
+
+    def manual_step(batch: Any) -> Any:  # the step gets the context
+        return model.train_step(batch, manual)  # type: ignore[operator]
+
+    manual.begin(epoch, iteration, index == 0, index == last, step.shares[index])
+    with optim.autocast():
+        output = call_step(manual_step, batch, "train_step", epoch, iteration)
+    if iteration == check:
+        check_output(learner, processor, output, epoch, manual=True)
+        check_metrics(learner, processor, output, epoch)
+    return output, manual.ok
 
 
 def check_output(

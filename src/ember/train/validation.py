@@ -19,7 +19,7 @@ import torch
 
 from ember.data.device import to_device
 from ember.rng import capture_rng_state, restore_rng_state
-from ember.train.artifacts import Artifacts, format_line, write_matrix
+from ember.train.artifacts import Artifacts, add_lines, write_matrix
 from ember.train.batches import BatchPlanner, Step, batch_size
 from ember.train.duration import Counters, Duration, crossed
 from ember.train.events import ValidPoint
@@ -40,8 +40,7 @@ class PointLogger:
         self._lines: dict[str, list[str]] = {}
 
     def log(self, split: str, epoch: int, records: Sequence[MetricRecord]) -> None:
-        for record in records:
-            self._lines.setdefault(record.name, []).append(format_line(record.value, record.weight))
+        add_lines(self._lines, records)
 
     def end_epoch(self, split: str, epoch: int, aggregates: dict[str, float]) -> None:
         from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
 
 
-@dataclass(frozen=True)
-class MetricRecord:
-    """One iteration's value of one metric, already on the host."""
+class MetricRecord(NamedTuple):
+    """One iteration's value of one metric, already on the host. (A named tuple: one is
+    made per metric and iteration.)"""
 
     name: str
     iteration: int

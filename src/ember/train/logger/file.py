@@ -10,7 +10,7 @@ from typing import IO, Sequence
 
 from ember.errors import EmberError
 from ember.train.artifacts import (
-    format_line,
+    add_lines,
     format_value,
     format_weight,
     metric_file_name,
@@ -75,12 +75,7 @@ class FileMetricLogger:
                 shutil.rmtree(entry)
 
     def log(self, split: str, epoch: int, records: Sequence[MetricRecord]) -> None:
-        lines: dict[str, list[str]] = {}
-        for record in records:
-            text = lines.get(record.name)
-            if text is None:
-                text = lines[record.name] = []
-            text.append(format_line(record.value, record.weight))
+        lines = add_lines({}, records)
         try:
             for name, text in lines.items():  # one write and one flush per file
                 handle = self._file(epoch, name)

@@ -56,13 +56,15 @@ class FirstBatch:
 
     def __init__(self) -> None:
         self.due = True
+        self.active = True
+        """Checks are due, or on their way to the host: `verify()` has work to do."""
         self._checks: list[tuple[torch.Tensor, Callable[[], str]]] = []
         self._late: tuple[host.Transfer, list[Callable[[], str]]] | None = None
         self._copies: host.HostCopies | None = None
 
     def reset(self) -> None:
         """Check the values again on the next update."""
-        self.due = True
+        self.due = self.active = True
         self._checks = []
 
     def add(self, failed: torch.Tensor, message: Callable[[], str]) -> None:
@@ -77,11 +79,12 @@ class FirstBatch:
         late = self._late
         if late is not None and late[0].ready():
             self._late = None
+            self.active = self.due
             _raise_failed(late[0].values()[0], late[1])
         if not self.due:
             return
         checks, self._checks = self._checks, []
-        self.due = False
+        self.due = self.active = False
         if not checks:
             return
         if self._copies is None:
@@ -92,6 +95,7 @@ class FirstBatch:
             _raise_failed(transfer.values()[0], messages)
         else:
             self._late = (transfer, messages)
+            self.active = True
 
 
 def _raise_failed(failed: list[bool], messages: list[Callable[[], str]]) -> None:
@@ -164,6 +168,13 @@ def who(owner: str, name: str) -> str:
     """How messages name a metric: its constructor, and its name when that differs
     (`HammingScoreMetric ('Hamming Score')`, `AccuracyMetric`)."""
     return owner if name in owner else f"{owner} ({name!r})"
+
+
+INTEGRAL = frozenset(
+    (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+    + tuple(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))
+)
+"""The integer and boolean dtypes (`is_integral`), for a check without a call."""
 
 
 def is_integral(tensor: torch.Tensor) -> bool:

@@ -105,6 +105,8 @@ class MetricState:
         self.unit = metric_unit(metric)
         self.numeric = numeric
         self.input_type: type = metric.input_type
+        self.adapts: type | None = None
+        """The step output type whose own `adapt` gave this metric's input."""
         self.gathers = gathers
         self.pending: list[tuple[int, Any, Any, Any]] = []
         """(iteration, value, weight, factor): host numbers, or tensors still on a device;
