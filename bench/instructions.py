@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -61,8 +62,12 @@ def count(variant: str, model: str, batches: int, step: float, scratch: Path) ->
     out = scratch / f"callgrind.{variant}.{batches}"
     script = scratch / "child.py"
     script.write_text(CHILD.format(here=str(HERE), valid=VALID))
+    # Without address-space randomisation (and with a fixed hash seed, below) a count
+    # repeats to within a few hundred instructions; with it, it moves by millions.
+    fixed = ["setarch", platform.machine(), "-R"] if shutil.which("setarch") else []
     result = subprocess.run(
         [
+            *fixed,
             "valgrind",
             "--tool=callgrind",
             f"--callgrind-out-file={out}",
@@ -75,7 +80,6 @@ def count(variant: str, model: str, batches: int, step: float, scratch: Path) ->
         ],
         capture_output=True,
         text=True,
-        # A fixed hash seed: string hashing otherwise varies the count by ~0.3 % a run.
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"},
     )
     found = re.search(r"Collected : (\d+)", result.stderr)
