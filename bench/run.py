@@ -435,6 +435,7 @@ def main(argv: list[str] | None = None) -> None:
         print(text)
         write(text, data, Path(args.out), is_full(data))
         return
+    (BENCH / "results").mkdir(exist_ok=True)  # ignored by git: absent from a fresh clone
     snapshot = Path(tempfile.mkdtemp(prefix="snapshot-", dir=BENCH / "results"))
     try:
         measure(args, argv, snapshot)
