@@ -24,9 +24,6 @@ from ember.train.position import Position
 log = logging.getLogger(__name__)
 
 
-_new = tuple.__new__  # makes a named tuple from its fields without a Python-level call
-
-
 def find_sampler(loader: Any) -> Any:
     """The epoch-aware sampler of a loader (ours, or one with `set_epoch`), if any."""
     for owner in (loader, getattr(loader, "batch_sampler", None)):
@@ -141,7 +138,7 @@ class EpochPlan:
                 else:
                     size = batch_size(batch)
                 sizes = [size]  # the samples of the batch, and of the step's count
-                yield _new(Step, ([batch], first + done, sizes, shares, sizes, True, None))
+                yield tuple.__new__(Step, ([batch], first + done, sizes, shares, sizes, True, None))
             return
         while True:
             group = list(itertools.islice(batches, self.accumulation))

@@ -131,10 +131,8 @@ class Learner:
         self.skipped_steps = 0
         """Optimizer steps skipped for a non-finite loss in this run (`nonfinite_loss("skip")`)."""
         self._token_mean = False
-        self._token_share: int | torch.Tensor = 0
-        """The last batch's tokens, when the run's losses are means over tokens."""
-        self._output_checked = False
         """The steps' losses are means over tokens: each batch's gradient is weighted by them."""
+        self._output_checked = False
         self._fitted = False
         self._run_lock: RunLock | None = None
         self.steps_per_epoch: int | None = None

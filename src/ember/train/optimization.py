@@ -1,7 +1,8 @@
 """One optimizer step per group of batches: loss scaling, mixed precision, clipping, LR.
 
-The learner sets the group's rate (`lr.before_step()`), then `backward(loss, share)` for each batch of the
-group (share = the batch's fraction of the group's samples, so the accumulated
+The learner sets the group's rate (`lr.before_step()`), then calls `backward(loss,
+share)` for each batch of the group (share = the batch's fraction of the group's
+samples, so the accumulated
 gradient is the gradient of the group's mean loss), then `step()`. A loss that is a
 mean over tokens (`loss_reduction="token_mean"`) has its tokens as share instead, and
 `rescale()` divides the group's gradients by their total over every process before
@@ -121,12 +122,6 @@ class Optimization:
     def step(self) -> None:
         """Apply the accumulated gradients, then clear them."""
         prepared, self._prepared = self._prepared, False
-        if self.callbacks is None and self.scaler is None and not self._clips:
-            self.optimizer.step()  # `apply` with nothing around the step
-            if self.lr.is_torch:  # only torch schedulers step after the optimizer
-                self.lr.after_step()
-            self.optimizer.zero_grad(set_to_none=True)
-            return
         self.apply(self.optimizer, None, self.lr, None, prepared)
         if self.scaler is not None:
             self.scaler.update()

@@ -32,7 +32,6 @@ from ember.train.renderer.base import MetricView, Progress, Renderer
 log = logging.getLogger(__name__)
 
 TICK = 0.1
-_new = tuple.__new__  # makes a named tuple from its fields without a Python-level call
 """Seconds between two hand-overs of metric values to the loggers and the renderer."""
 
 
@@ -170,7 +169,7 @@ class MetricsProcessor:
         self._items += batch_size
         states = self.states.get(self._split)
         if states:
-            meta = _new(  # a MetricMetadata, made without a Python call (one per step)
+            meta = tuple.__new__(  # a MetricMetadata, made without a Python call (one per step)
                 MetricMetadata,
                 (self._split, self._epoch, self.num_epochs, iteration, self._num_iterations, lr),
             )
@@ -310,7 +309,7 @@ class MetricsProcessor:
                 if read and state is self._loss_state:  # host values were checked on arrival
                     self._check_loss(state, iteration, number)
                 rows.append((number, weight))
-                records.append(_new(MetricRecord, (name, iteration, number, weight)))
+                records.append(tuple.__new__(MetricRecord, (name, iteration, number, weight)))
             state.add_rows(rows)
         return records
 

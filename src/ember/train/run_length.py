@@ -24,8 +24,6 @@ from ember.train.batches import BatchPlanner, Step, steps_to_reach
 from ember.train.duration import Counters, Duration, short_count
 from ember.train.position import Position
 
-_new = tuple.__new__  # makes a named tuple from its fields without a Python-level call
-
 
 class RunLength:
     """The length of one run (`train_for`, else `num_epochs` epochs) and its counters."""
@@ -102,7 +100,9 @@ class RunLength:
                 total, voted = dist.sum_and_any(self._pending, stop())
                 tokens += total
                 self._pending = 0
-        self.counters = _new(Counters, (done.steps + 1, done.samples + sum(step.items), tokens))
+        self.counters = tuple.__new__(
+            Counters, (done.steps + 1, done.samples + sum(step.items), tokens)
+        )
         return voted
 
     def end_epoch(self, dist: Any) -> None:

@@ -103,14 +103,19 @@ def run_step(
         if manual is not None:  # custom optimization: the step runs backward itself
             with no_sync(ddp, index < last), flops.count():
                 output, ok = _manual_batch(learner, processor, batch, step, index, epoch, check)
+            weight: Any = 0  # (custom steps are not weighted by tokens)
         elif (ddp is None or index == last) and flops.done:  # nothing to run the batch in
-            output, ok = _train_batch(learner, processor, forward, batch, share, epoch, check)
+            output, ok, weight = _train_batch(
+                learner, processor, forward, batch, share, epoch, check
+            )
         else:
             with no_sync(ddp, index < last), flops.count():
-                output, ok = _train_batch(learner, processor, forward, batch, share, epoch, check)
+                output, ok, weight = _train_batch(
+                    learner, processor, forward, batch, share, epoch, check
+                )
         finite = ok and finite
-        if learner._token_mean and manual is None:
-            tokens = tokens + learner._token_share
+        if learner._token_mean:
+            tokens = tokens + weight
         if index == last and ranks is not None:
             verdict = ranks.settle(finite, tokens if learner._token_mean else 0)
             if learner._token_mean:
@@ -136,10 +141,10 @@ def _train_batch(
     share: Any,
     epoch: int,
     check: int,
-) -> tuple[Any, bool]:
+) -> tuple[Any, bool, Any]:
     """One batch's forward (under autocast with mixed precision) and backward, its loss
     weighted by `share` (by its tokens when the run's losses are means over tokens);
-    the output, and whether its loss is finite (as far as is known now)."""
+    the output, whether its loss is finite (as far as is known now), and the weight."""
     optim, iteration = learner.optim, learner.iteration
     try:
         if optim.autocasts:
@@ -157,11 +162,11 @@ def _train_batch(
     if learner.callbacks is not None:
         learner.callbacks.ctx.output = output
     if learner._token_mean:
-        share = learner._token_share = token_weight(output.item, iteration)
+        share = token_weight(output.item, iteration)
     optim.backward(output.loss, share)
     if iteration == check:
         check_metrics(learner, processor, output, epoch)
-    return output, ok
+    return output, ok, share
 
 
 def _manual_batch(

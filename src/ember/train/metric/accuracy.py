@@ -22,8 +22,6 @@ from ember.train.metric.inputs import ClassificationInput
 _CLASSES = "outputs [N, C] and class-index targets [N]"
 _BINARY = "binary scores [N] or [N, 1] and 0/1 targets [N]"
 
-_new = tuple.__new__
-
 
 class AccuracyMetric:
     """Share of samples whose highest-scoring class is the target, in percent.
@@ -67,9 +65,7 @@ class AccuracyMetric:
             and targets.dtype in INTEGRAL
             and output.shape[0] == targets.shape[0]
         ):  # the common case once the epoch's first batch is checked
-            n = int(targets.shape[0])  # percent_correct without a mask, inline
-            correct = (output.argmax(dim=-1) == targets).sum()
-            return _new(MetricValue, (correct, n, 100.0, max(n, 1)))  # no Python-level call
+            return percent_correct(output.argmax(dim=-1) == targets)
         if output.dim() == 1 or (output.dim() == 2 and output.shape[1] == 1):
             # binary: scores of the positive class
             targets = check_binary("AccuracyMetric", _BINARY, output, targets)

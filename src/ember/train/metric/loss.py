@@ -9,8 +9,6 @@ from ember.train.metric._common import dims
 from ember.train.metric.base import MetricMetadata, MetricValue
 from ember.train.metric.inputs import LossInput
 
-_new = tuple.__new__
-
 
 class LossMetric:
     """The step's loss per sample, weighted by its batch size in the epoch mean (a loss
@@ -31,7 +29,7 @@ class LossMetric:
         loss, reduction = input.loss, input.reduction
         if reduction == "mean" and type(loss) is torch.Tensor and loss.dim() == 0:
             # the common case; a MetricValue made without a Python-level call
-            return _new(MetricValue, (loss.detach(), input.batch_size, 1.0, 1.0))
+            return tuple.__new__(MetricValue, (loss.detach(), input.batch_size, 1.0, 1.0))
         if reduction not in ("mean", "sum", "token_mean"):
             raise TrainingError(
                 "LossMetric reads a loss reduced by 'mean', 'sum' or 'token_mean'; got "
