@@ -1,0 +1,185 @@
+"""The checks `LearnerBuilder.build` makes of the options together with the model: the
+model itself, options that do not go together, the device, resuming and checkpointing.
+Each one fails before training with the fix in its message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import torch
+
+from ember.errors import ConfigError
+from ember.train.artifacts import Artifacts
+from ember.train.checkpoint.file import FileCheckpointer, other_checkpoint_formats
+from ember.train.manual import check_automatic, check_manual
+from ember.train.step import check_steps
+
+if TYPE_CHECKING:
+    from ember.record.protocol import Recorder
+    from ember.train.checkpoint.base import Checkpointer
+    from ember.train.duration import Duration
+    from ember.train.optimization import Optimization
+    from ember.train.parallel import FsdpOptions
+
+
+def check_model(model: Any, optimizer: Any, lr: Any) -> None:
+    """A module, not wrapped by `torch.compile`, whose steps fit the optimization (one
+    optimizer, or a dict of them that its own `train_step` drives)."""
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"build() needs a torch.nn.Module, got {type(model).__name__}.")
+    if hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule":
+        raise ConfigError(
+            "build() got a model wrapped by torch.compile(model): its steps would run "
+            "uncompiled and its checkpoints would carry '_orig_mod.' keys. Pass the model "
+            "itself and ask for compilation with LearnerBuilder.compile(**options)."
+        )
+    check_steps(model)
+    if isinstance(optimizer, Mapping):
+        check_manual(model, optimizer, lr)
+    else:
+        check_automatic(model)
+
+
+def check_precision(fsdp: FsdpOptions | None, mixed_precision: str | None) -> None:
+    if fsdp is not None and mixed_precision == "fp16":
+        raise ConfigError(
+            "mixed_precision('fp16') needs a gradient scaler that FSDP's sharded gradients "
+            "do not support here: use mixed_precision('bf16'), or FSDP's own "
+            "devices(..., strategy='fsdp', mixed_precision='bf16')."
+        )
+
+
+def check_processes(manual: bool, devices: Sequence[torch.device] | None, placement: Any) -> None:
+    """Custom optimization runs on one process."""
+    if manual and ((devices is not None and len(devices) > 1) or placement):
+        raise ConfigError(
+            "Custom optimization (a dict of optimizers) runs on one device: several "
+            "processes are not supported with it. Train on one device."
+        )
+
+
+def check_micro_auto(manual: bool, fsdp: FsdpOptions | None) -> None:
+    """grads_accumulation("auto") splits batches whose loss ember backpropagates, on
+    one process or DDP replicas."""
+    if manual:
+        raise ConfigError(
+            "grads_accumulation('auto') splits a batch and backpropagates each part, and "
+            "custom optimization (a dict of optimizers) runs its own backward passes: "
+            "use grads_accumulation(n) with a smaller batch size instead."
+        )
+    if fsdp is not None:
+        raise ConfigError(
+            "grads_accumulation('auto') runs on one process or DDP replicas, not on "
+            "FSDP shards: FSDP gathers the parameters inside every forward pass, where a "
+            "rank that runs out of memory would leave the others waiting. Set the split "
+            "yourself (a smaller batch size with grads_accumulation(n)), or use DDP."
+        )
+
+
+def check_device(
+    device: torch.device, memory_history: int | None, fsdp: FsdpOptions | None
+) -> None:
+    """The options that need a GPU, on the device this process trains on."""
+    if memory_history is not None and device.type != "cuda":
+        raise ConfigError(
+            f"memory_history() records CUDA allocations, and this run trains on {device}: "
+            "drop memory_history(), or train on a CUDA device (devices(['cuda:0']))."
+        )
+    if fsdp is not None and fsdp.cpu_offload and device.type == "cpu":
+        raise ConfigError(
+            "FSDP's cpu_offload=True keeps the shards of a model trained on GPUs in host "
+            "memory; this run trains on the CPU, where they are already. Drop cpu_offload."
+        )
+
+
+def check_resume(
+    resume_from: int | str | None,
+    checkpointer: Checkpointer | None,
+    artifact_dir: Path,
+    recorder: Recorder | None,
+) -> None:
+    """`checkpoint(...)` names a checkpoint that `checkpointer` holds (or "auto" would
+    not replace checkpoints of another format)."""
+    if resume_from is None:
+        return
+    if checkpointer is None:
+        raise ConfigError(
+            "checkpoint() resumes from saved checkpoints, but no checkpointer is set: "
+            "add with_file_checkpointer(recorder) with the recorder of the first run."
+        )
+    if resume_from == "auto":  # no checkpoint: a fresh run, unless that loses some
+        other = other_checkpoint_formats(Artifacts(artifact_dir).checkpoints, recorder)
+        if other and not checkpointer.epochs():
+            raise ConfigError(
+                f"checkpoint('auto'): the checkpoints in {checkpointer} were written in "
+                f"another format ({other}), and a fresh run would replace them: resume "
+                "with that recorder in with_file_checkpointer(...)."
+            )
+        return
+    available = checkpointer.epochs()
+    listing = ", ".join(map(str, available)) if available else "none"
+    if resume_from == "latest" and available:
+        return
+    if resume_from != "latest" and resume_from in available:
+        return
+    what = (
+        "there is no complete checkpoint"
+        if resume_from == "latest"
+        else f"there is no checkpoint of epoch {resume_from}"
+    )
+    saved = "" if resume_from == "latest" else f" (epochs saved: {listing})"
+    raise ConfigError(
+        f"checkpoint({resume_from!r}): {what} in {checkpointer}{saved}. "
+        + resume_fix(available, artifact_dir, recorder)
+    )
+
+
+def resume_fix(available: list[int], artifact_dir: Path, recorder: Recorder | None) -> str:
+    """The one thing that works from here: another recorder, another epoch, or a new run."""
+    artifacts = Artifacts(artifact_dir)
+    other = other_checkpoint_formats(artifacts.checkpoints, recorder)
+    if other:
+        return (
+            f"The checkpoints there were written in another format ({other}): resume "
+            "with that recorder in with_file_checkpointer(...)."
+        )
+    if available:
+        return f"Resume with one of the epochs saved, e.g. checkpoint({available[-1]})."
+    if any(artifacts.epoch_dirs(split) for split in ("train", "valid")):
+        return (
+            "The directory holds a run that saved no checkpoint: start it again with "
+            "LearnerBuilder(dir, overwrite=True), or train in another directory."
+        )
+    return "Start without checkpoint()."
+
+
+def check_checkpointing(
+    checkpointer: Checkpointer | None,
+    optimization: Optimization,
+    train_for: Duration | None,
+    every: tuple[int | None, float | None],
+    every_count: Duration | None,
+    fsdp: FsdpOptions | None,
+) -> None:
+    """The run's length, its schedule and its checkpoints go together."""
+    length = train_for
+    if length is not None and length.unit == "tokens" and optimization.lr.pending is not None:
+        raise ConfigError(
+            "The learning-rate schedule's length is 'auto' (the run's optimizer steps), but "
+            f"the run trains for {length}, and how many optimizer steps that takes is only "
+            "known once the tokens are counted. Give the schedule an explicit step count "
+            "(e.g. num_iters=10_000), or train_for a number of steps or samples."
+        )
+    if checkpointer is None and (every != (None, None) or every_count):
+        raise ConfigError(
+            "checkpoint_every() writes checkpoints, but no checkpointer is set: add "
+            "with_file_checkpointer(recorder)."
+        )
+    sharded = fsdp is not None and fsdp.sharded_checkpoints
+    if sharded and checkpointer is not None and not isinstance(checkpointer, FileCheckpointer):
+        raise ConfigError(
+            "FSDP's sharded_checkpoints=True has each process write files of its own, "
+            f"which {type(checkpointer).__name__} cannot hold: use "
+            "with_file_checkpointer(recorder), or drop sharded_checkpoints."
+        )

@@ -1,0 +1,152 @@
+"""What a `LearnerBuilder`'s calls have set so far (each value already checked), and the
+frozen `LearnerOptions` that `build` makes of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ember.train.interrupter import Interrupter
+from ember.train.options import LearnerOptions, RegisteredMetric
+from ember.train.resolve import bound_optimization, lr_monitor, retention, run_cadence
+
+if TYPE_CHECKING:
+    from ember.record.protocol import Recorder
+    from ember.train.checkpoint.base import Checkpointer
+    from ember.train.checkpoint.strategy import CheckpointingStrategy
+    from ember.train.duration import Duration
+    from ember.train.early_stopping import EarlyStoppingStrategy, PruningStrategy
+    from ember.train.events import Listener
+    from ember.train.logger.base import MetricLogger
+    from ember.train.optimization import Optimization
+    from ember.train.parallel import FsdpOptions
+    from ember.train.renderer.base import Renderer
+
+
+def _per_split() -> dict[str, list[Any]]:
+    return {"train": [], "valid": []}
+
+
+@dataclass
+class BuilderState:
+    """The options of a run as the builder's calls left them; defaults where none was set."""
+
+    artifact_dir: Path
+    overwrite: bool = False
+    metrics: dict[str, list[RegisteredMetric]] = field(default_factory=_per_split)
+    loggers: dict[str, list[MetricLogger]] = field(default_factory=_per_split)
+    renderer: Renderer | None = None
+    grads_accumulation: int = 1
+    micro_auto: bool = False
+    memory_history: int | None = None
+    recorder: Recorder | None = None
+    checkpointer: Checkpointer | None = None
+    num_epochs: int = 1
+    devices: list[torch.device] | None = None
+    timeout: float = 300.0
+    fsdp: FsdpOptions | None = None
+    checkpoint: int | str | None = None
+    interrupter: Interrupter = field(default_factory=Interrupter)
+    listeners: list[Listener] = field(default_factory=list)
+    callbacks: list[Any] = field(default_factory=list)
+    application_log: bool = True
+    summary: bool = False
+    mixed_precision: str | None = None
+    clip_norm: float | None = None
+    clip_value: float | None = None
+    nonfinite: str = "stop"
+    early_stopping: EarlyStoppingStrategy | None = None
+    strategy: CheckpointingStrategy | None = None
+    on_checkpoint_error: str = "stop"
+    compile: dict[str, Any] | None = None
+    resume_hyperparameters: str = "checkpoint"
+    monitor: tuple[str, str] | None = None
+    hparams: dict[str, Any] | None = None
+    pruning: PruningStrategy | None = None
+    preemption: Any = None
+    every: tuple[int | None, float | None] = (None, None)  # steps, seconds
+    max_time: float | None = None
+    valid_every: int | Duration | None = None
+    train_for: Duration | None = None
+    every_count: Duration | None = None  # checkpoint_every in samples or tokens
+    limits: dict[str, int | float | None] = field(
+        default_factory=lambda: {"train": None, "valid": None}
+    )
+    model_summary: int | None = 1
+    recompute: tuple[type, ...] = ()
+
+    def optimization(
+        self, model: torch.nn.Module, optimizer: Any, lr: Any, device: torch.device
+    ) -> Optimization:
+        """The optimizer(s) bound to the model, their schedules, and the callbacks."""
+        optimization = bound_optimization(
+            model,
+            optimizer,
+            lr,
+            device,
+            monitor=lr_monitor(self.monitor, self.metrics["valid"]),
+            mixed_precision=self.mixed_precision,
+            clip_norm=self.clip_norm,
+            clip_value=self.clip_value,
+            callbacks=self.callbacks,
+            num_epochs=self.num_epochs,
+        )
+        if self.micro_auto:
+            optimization.micro_split = 1
+        return optimization
+
+    def learner_options(
+        self,
+        model: torch.nn.Module,
+        optimization: Optimization,
+        device: torch.device,
+        checkpointer: Checkpointer | None,
+    ) -> LearnerOptions:
+        """The frozen options of the run."""
+        from ember.train.renderer.select import default_renderer
+
+        return LearnerOptions(
+            model=model,
+            optimization=optimization,
+            device=device,
+            devices=tuple(self.devices) if self.devices is not None else None,
+            distributed_timeout=self.timeout,
+            fsdp=self.fsdp,
+            artifact_dir=self.artifact_dir,
+            overwrite=self.overwrite,
+            num_epochs=self.num_epochs,
+            metrics={split: tuple(entries) for split, entries in self.metrics.items()},
+            loggers={split: tuple(loggers) for split, loggers in self.loggers.items()},
+            renderer=self.renderer if self.renderer is not None else default_renderer(),
+            grads_accumulation=self.grads_accumulation,
+            checkpointer=checkpointer,
+            strategy=(
+                retention(self.strategy, self.metrics["valid"])
+                if checkpointer is not None
+                else None
+            ),
+            resume_from=self.checkpoint,
+            on_checkpoint_error=self.on_checkpoint_error,
+            interrupter=self.interrupter,
+            listeners=tuple(self.listeners),
+            application_log=self.application_log,
+            summary=self.summary,
+            early_stopping=self.early_stopping,
+            nonfinite_loss=self.nonfinite,
+            compile=self.compile,
+            model_summary=self.model_summary,
+            activation_checkpointing=self.recompute,
+            resume_hyperparameters=self.resume_hyperparameters,
+            hparams=self.hparams,
+            pruning=self.pruning,
+            preemption=self.preemption,
+            cadence=run_cadence(self.every, self.max_time),
+            valid_every=self.valid_every,
+            train_for=self.train_for,
+            checkpoint_every=self.every_count,
+            limit_batches=(self.limits["train"], self.limits["valid"]),
+            memory_history=self.memory_history,
+        )
