@@ -9,7 +9,8 @@ two exact sums, not as a list of rows.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from operator import mul
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -108,9 +109,11 @@ class MetricState:
         self.adapts: type | None = None
         """The step output type whose own `adapt` gave this metric's input."""
         self.gathers = gathers
-        self.pending: list[tuple[int, Any, Any, Any]] = []
-        """(iteration, value, weight, factor): host numbers, or tensors still on a device;
-        the factor is the scale, or (scale, divisor) when the value is divided."""
+        self.pending: list[tuple[int, Any, Any, Any, Any]] = []
+        """(iteration, value, weight, scale, divisor): host numbers, or tensors still on
+        a device (the row's value is `value * scale / divisor`)."""
+        self.on_device = False
+        """Whether `pending` may hold tensors (values not yet read on the host)."""
         self.unshared: list[tuple[float, float]] = []
         """Rows not yet exchanged between processes (kept only when `gathers`)."""
         self.count = 0
@@ -122,23 +125,26 @@ class MetricState:
     def clear(self) -> None:
         self.metric.clear()
         self.pending.clear()
+        self.on_device = False
         self.unshared = []
         self.count = 0
         self.last = None
         self._products = ExactSum()
         self._weights = ExactSum()
 
-    def add_rows(self, rows: list[tuple[float, float]], shared: bool = False) -> None:
-        """Count a tick's `(value, weight)` rows into the epoch (`shared`: rows that were
-        already exchanged between processes)."""
-        if not rows:
+    def add_rows(
+        self, values: Sequence[float], weights: Sequence[float], shared: bool = False
+    ) -> None:
+        """Count a tick's rows (`values[i]` with `weights[i]`) into the epoch (`shared`:
+        rows that were already exchanged between processes)."""
+        if not values:
             return
-        self.count += len(rows)
-        self._products.add([value * weight for value, weight in rows])
-        self._weights.add([weight for _, weight in rows])
-        self.last = rows[-1][0]
+        self.count += len(values)
+        self._products.add(map(mul, values, weights))
+        self._weights.add(weights)
+        self.last = values[-1]
         if self.gathers and not shared:
-            self.unshared.extend(rows)
+            self.unshared.extend(zip(values, weights))
 
     def take_unshared(self) -> list[tuple[float, float]]:
         """The rows drained since the last exchange between processes (then forgotten)."""
