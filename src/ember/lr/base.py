@@ -76,14 +76,19 @@ class LrDriver:
 
     def before_step(self) -> float:
         """Set and return the learning rate of the coming optimizer step."""
+        scheduler = self.scheduler
+        if type(scheduler) is ConstantLr and self.interval == "step":
+            lr = self.last_lr = scheduler.lr  # checked when set
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            return lr
         if self.is_torch:
             self.last_lr = _checked(float(self.optimizer.param_groups[0]["lr"]), self.scheduler)
             return self.last_lr
         if self.interval == "epoch" and self._epoch_lr is not None:
             return self._epoch_lr
-        scheduler = self.scheduler
         if type(scheduler) is ConstantLr:
-            lr = scheduler.lr  # checked when set
+            lr = scheduler.lr
         else:
             lr = _checked(float(scheduler.step()), scheduler)
         for group in self.optimizer.param_groups:

@@ -353,12 +353,22 @@ class Learner:
         cadence, every = self.options.cadence, self.options.checkpoint_every  # mid-epoch saves
         points = self.points if valid is not None else None
         steps_itself = dist is None or self.guard.policy != "skip"  # no agreement on a skip
+        plain = stepping.plain(self, plan)  # then each step once the fit's first is done
+        fast = plain and self.flops.done and not self._token_mean and check <= start.iteration
         with self._ranks.join() if self._ranks is not None else join(self._ddp):
             for step in plan:
-                if optim.micro_split is None:
-                    finite = stepping.run_step(self, processor, step, epoch, plan.total, check)
+                if fast:
+                    finite = stepping.run_plain_step(self, processor, step, epoch)
                 else:
-                    finite = stepping.train_step(self, processor, step, epoch, plan.total, check)
+                    if optim.micro_split is None:
+                        finite = stepping.run_step(self, processor, step, epoch, plan.total, check)
+                    else:
+                        finite = stepping.train_step(
+                            self, processor, step, epoch, plan.total, check
+                        )
+                    fast = (
+                        plain and self.flops.done and not self._token_mean and step.first >= check
+                    )
                 if finite and steps_itself:
                     optim.step()
                 else:

@@ -121,6 +121,11 @@ class Optimization:
 
     def step(self) -> None:
         """Apply the accumulated gradients, then clear them."""
+        if self.callbacks is None and self.scaler is None and not self._clips:
+            self.optimizer.step()  # `apply` with nothing around the step
+            self.lr.after_step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return
         prepared, self._prepared = self._prepared, False
         self.apply(self.optimizer, None, self.lr, None, prepared)
         if self.scaler is not None:

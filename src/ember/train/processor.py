@@ -14,6 +14,7 @@ import logging
 import math
 import time
 from itertools import repeat
+from math import isfinite
 from operator import mul, truediv
 from typing import Any, Callable, Mapping, Sequence
 
@@ -66,8 +67,8 @@ class MetricsProcessor:
         self._next_tick = 0.0
         self._restore: tuple[list[dict[str, Any]], Any] | None = None
         self._held = False
-        self._hosts: dict[torch.device, bool] = {}
-        """Per device: whether its tensors are read without a wait (`host.on_host`)."""
+        self._states: list[MetricState] = self.states.get("train", [])
+        """The current split's states."""
         self._loss_state: MetricState | None = None
         self._on_nonfinite: Callable[[int, int, float], None] | None = None
         self.run_progress: Callable[[], str] | None = None
@@ -90,15 +91,9 @@ class MetricsProcessor:
         self._items = 0
         self._started = time.monotonic()
         self._next_tick = self._started + self.tick
-        self._hosts = {}
-        for state in self.states.get(split, ()):
+        self._states = self.states.get(split, [])
+        for state in self._states:
             state.clear()
-
-    def _learn_host(self, tensor: Tensor) -> bool:
-        """Whether reading `tensor` costs no wait (`host.on_host`), remembered for its
-        device until the split ends."""
-        here = self._hosts[tensor.device] = bool(host.on_host(tensor))
-        return here
 
     def warn_unmerged_metrics(self) -> None:
         """Several processes: name the metrics whose epoch value will cover rank 0's
@@ -169,47 +164,38 @@ class MetricsProcessor:
         """One step's output: update every metric of the current split (no host sync)."""
         self._iteration = iteration
         self._items += batch_size
-        states = self.states.get(self._split)
+        states = self._states
         if states:
             meta = tuple.__new__(  # a MetricMetadata, made without a Python call (one per step)
                 MetricMetadata,
                 (self._split, self._epoch, self.num_epochs, iteration, self._num_iterations, lr),
             )
-            grad = torch.is_grad_enabled()
-            torch._C._set_grad_enabled(False)  # metric updates never build a graph
-            item_type, loss_state, hosts = type(item), self._loss_state, self._hosts
+            grad = _grad_enabled()
+            _set_grad_enabled(False)  # metric updates never build a graph
+            item_type, loss_state = type(item), self._loss_state
             try:
                 for state in states:
-                    input_type = state.input_type
                     if item_type is state.adapts:  # the output type's own adapt, known to work
-                        adapted = item.adapt(input_type)
-                        if type(adapted) is not input_type:
-                            adapted = adapt(item, input_type, state.name)
-                    elif item_type is input_type:
-                        adapted = item
+                        adapted = item.adapt(state.input_type)
+                        if type(adapted) is not state.input_type:
+                            adapted = adapt(item, state.input_type, state.name)
                     else:
-                        adapted = adapt(item, input_type, state.name)
-                        if type(adapted) is input_type and adapted is not item:
-                            state.adapts = item_type
+                        adapted = _adapt(state, item)
                     value = state.metric.update(adapted, meta)
                     number, weight = value.value, value.weight
                     # Values already on the host are read at once (no sync, and no small
                     # tensors kept alive between ticks); device values wait for the tick.
-                    kind = type(number)
-                    if kind is Tensor:
-                        here = hosts.get(number.device)
-                        if here is None:
-                            here = self._learn_host(number)
-                        if here:
+                    if type(number) is Tensor:
+                        if state.here or (state.here is None and _learn_host(state, number)):
                             try:
                                 number = number.item()
                             except RuntimeError:
                                 _item(number, state.name)  # raises, naming the metric
-                            if state is loss_state and not math.isfinite(number):
+                            if state is loss_state and not isfinite(number):
                                 self._check_loss(state, iteration, number)
                         else:
                             state.on_device = True
-                    elif kind is not float and isinstance(number, Tensor):
+                    elif isinstance(number, Tensor):
                         state.on_device = True  # (a tensor subclass: read at the tick)
                     if isinstance(weight, Tensor):
                         if type(weight) is Tensor and host.on_host(weight):
@@ -218,7 +204,7 @@ class MetricsProcessor:
                             state.on_device = True
                     state.pending.append((iteration, number, weight, value.scale, value.divisor))
             finally:
-                torch._C._set_grad_enabled(grad)
+                _set_grad_enabled(grad)
         if time.monotonic() >= self._next_tick and not self._held:
             self._tick()
 
@@ -511,6 +497,28 @@ class MetricsProcessor:
             self.renderer.update(self.progress(), self.views(), records)
             self.renderer.end_split(self.progress(), self.views(final=aggregates))
         return aggregates
+
+
+_grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
+
+
+def _adapt(state: MetricState, item: Any) -> Any:
+    """`item` as `state`'s metric reads it, remembering the output type whose own
+    `adapt` gives it (`MetricsProcessor.update` then calls that directly)."""
+    input_type = state.input_type
+    if type(item) is input_type:
+        return item
+    adapted = adapt(item, input_type, state.name)
+    if type(adapted) is input_type and adapted is not item:
+        state.adapts = type(item)
+    return adapted
+
+
+def _learn_host(state: MetricState, tensor: Tensor) -> bool:
+    """Whether `state`'s values are read without a wait (`host.on_host`), learned from
+    its first tensor of the split."""
+    here = state.here = bool(host.on_host(tensor))
+    return here
 
 
 def _item(value: Tensor, name: str) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
+from torch import Tensor
 
 from ember.data.device import describe
 from ember.errors import TrainingError
@@ -27,12 +28,12 @@ class TrainOutput(Generic[T]):
     def __init__(self, item: T, loss: torch.Tensor | None = None) -> None:
         if loss is None:
             loss = getattr(item, "loss", None)
+        if not isinstance(loss, Tensor):
             if loss is None:
                 raise TrainingError(
                     f"TrainOutput got a {type(item).__name__} without a `loss` attribute and no "
                     "loss= argument. Return TrainOutput(item, loss=your_loss_tensor)."
                 )
-        if not isinstance(loss, torch.Tensor):
             raise TrainingError(
                 f"TrainOutput needs the loss as a torch.Tensor, got {type(loss).__name__}."
             )

@@ -133,6 +133,49 @@ def run_step(
     return finite
 
 
+def plain(learner: Learner, plan: Any) -> bool:
+    """Whether the epoch's steps may take `run_plain_step`: a batch per step, one
+    process, and nothing around the forward and backward (no hooks, listeners, custom
+    optimization, mixed precision or token counting)."""
+    optim = learner.optim
+    return (
+        plan.accumulation == 1
+        and plan._shards is None
+        and learner.dist is None
+        and learner._ddp is None
+        and learner._manual is None
+        and learner.callbacks is None
+        and not learner.listeners
+        and not optim.autocasts
+        and optim.micro_split is None
+        and not learner.length.counts_tokens
+    )
+
+
+def run_plain_step(learner: Learner, processor: MetricsProcessor, step: Step, epoch: int) -> bool:
+    """`run_step` for a step of one batch when the epoch is `plain`, the fit's output
+    checks are done, its FLOPs counted and its losses not weighted by tokens: what
+    `run_step` does in that case, without the branches it cannot take."""
+    iteration = learner.iteration = step.first
+    learner.items += step.items[0]
+    optim = learner.optim
+    lr = optim.lr.before_step()
+    batch = step.batches[0]
+    if learner._move:
+        batch = to_device(batch, learner.device)
+    try:
+        output = learner.model.train_step(batch)  # type: ignore[operator]
+    except Exception as error:
+        note_step_error(error, batch, "train_step", epoch, iteration)
+        raise
+    guard = learner.guard
+    ok = guard.covered or guard.check(output.loss, epoch, iteration)
+    optim.backward(output.loss, step.shares[0])
+    if ok:
+        processor.update(output.item, iteration, step.sizes[0], lr)
+    return ok
+
+
 def _train_batch(
     learner: Learner,
     processor: MetricsProcessor,

@@ -114,6 +114,9 @@ class MetricState:
         a device (the row's value is `value * scale / divisor`)."""
         self.on_device = False
         """Whether `pending` may hold tensors (values not yet read on the host)."""
+        self.here: bool | None = None
+        """Whether the metric's tensors are read without a wait (`host.on_host`),
+        learned from its first tensor of the split."""
         self.unshared: list[tuple[float, float]] = []
         """Rows not yet exchanged between processes (kept only when `gathers`)."""
         self.count = 0
@@ -126,6 +129,7 @@ class MetricState:
         self.metric.clear()
         self.pending.clear()
         self.on_device = False
+        self.here = None
         self.unshared = []
         self.count = 0
         self.last = None
