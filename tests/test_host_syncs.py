@@ -18,7 +18,7 @@ from ember_testing import Batch, Classifier
 from torch.overrides import TorchFunctionMode
 
 from ember.errors import TrainingError
-from ember.record import CompactRecorder
+from ember.record import CompactRecorder, DefaultRecorder
 from ember.train import LearnerBuilder, TrainOutput, host, processor
 from ember.train.metric import AccuracyMetric, LossMetric
 from ember.train.renderer import PlainRenderer
@@ -108,20 +108,28 @@ def data(count: int, seed: int = 0) -> list[Batch]:
     ]
 
 
-def learner(directory, model=None, epochs: int = 2):
+def learner(directory, model=None, epochs: int = 2, every: int | None = None, recorder=None):
     torch.manual_seed(0)
     model = model if model is not None else Classifier(dropout=0.0)
-    return (
+    builder = (
         LearnerBuilder(directory)
         .metric_train_numeric(AccuracyMetric())
         .metric_train_numeric(LossMetric())
         .metric_valid_numeric(AccuracyMetric())
         .metric_valid_numeric(LossMetric())
         .renderer(PlainRenderer(interval=0.0, stream=io.StringIO()))
-        .with_file_checkpointer(CompactRecorder())
+        .with_file_checkpointer(recorder or CompactRecorder())
         .num_epochs(epochs)
-        .build(model, torch.optim.Adam(model.parameters(), lr=1e-3), 1e-3)
     )
+    if every is not None:
+        builder = builder.checkpoint_every(steps=every)
+    return builder.build(model, torch.optim.Adam(model.parameters(), lr=1e-3), 1e-3)
+
+
+def metric_logs(directory) -> dict:
+    return {
+        path.relative_to(directory): path.read_text() for path in directory.glob("*/epoch-*/*.log")
+    }
 
 
 @pytest.mark.parametrize("quick", [True, False], ids=["quick-device", "slow-device"])
@@ -157,6 +165,82 @@ def test_a_fit_waits_twice_an_epoch_and_once_a_checkpoint(tmp_path, monkeypatch,
     assert all(
         len(text.splitlines()) == 30 for name, text in expected.items() if "train" in str(name)
     )
+
+
+@pytest.mark.parametrize("quick", [True, False], ids=["quick-device", "slow-device"])
+def test_a_checkpoint_inside_an_epoch_waits_once(tmp_path, monkeypatch, quick):
+    """The values of the steps since the last tick start to the host before the
+    snapshot, whose one wait brings them too; their lines are written before the
+    checkpoint, which counts them."""
+    plain = learner(tmp_path / "plain", every=7)
+    plain.fit(data(30), data(6, seed=1))
+    expected = metric_logs(tmp_path / "plain")
+
+    stand_in = StandIn(quick)
+    stand_in.install(monkeypatch)
+    monkeypatch.setattr(processor, "TICK", 3600.0)  # values wait for the checkpoints
+    run = learner(tmp_path / "stand-in", every=7)
+    with stand_in:
+        run.fit(data(30), data(6, seed=1))
+    # 3 start-up checks; per epoch 2 split ends, the epoch's checkpoint and 4 inside it
+    # (after steps 7, 14, 21 and 28), one wait each
+    assert len(stand_in.syncs) <= 3 + 2 * (2 + 1 + 4), stand_in.syncs
+    assert not stand_in.reads, stand_in.reads
+    assert metric_logs(tmp_path / "stand-in") == expected
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAt:
+    """A listener that fails the run when `iteration` is processed (no stop, no
+    checkpoint: as a kill would end it)."""
+
+    def __init__(self, iteration: int) -> None:
+        self.iteration = iteration
+
+    def on_event(self, event) -> None:
+        if getattr(event, "iteration", None) == self.iteration:
+            raise Crash
+
+
+def test_a_run_resumed_from_a_checkpoint_inside_an_epoch_counts_every_line(tmp_path):
+    """The lines a checkpoint inside an epoch counts are those written before it: a run
+    resumed from it ends with the files and weights of one never stopped."""
+    train, valid = data(30), data(6, seed=1)  # (their targets come from the global RNG)
+    whole = learner(tmp_path / "whole", epochs=1, every=7, recorder=DefaultRecorder())
+    whole.fit(train, valid)
+
+    def builder():
+        return (
+            LearnerBuilder(tmp_path / "resumed")
+            .metric_train_numeric(AccuracyMetric())
+            .metric_train_numeric(LossMetric())
+            .metric_valid_numeric(AccuracyMetric())
+            .metric_valid_numeric(LossMetric())
+            .renderer(PlainRenderer(interval=3600.0, stream=io.StringIO()))
+            .with_file_checkpointer(DefaultRecorder())
+            .checkpoint_every(steps=7)
+            .num_epochs(1)
+        )
+
+    torch.manual_seed(0)
+    model = Classifier(dropout=0.0)
+    crashing = builder().listener(CrashAt(17))  # after the checkpoint of step 14
+    with pytest.raises(Crash):
+        crashing.build(model, torch.optim.Adam(model.parameters(), lr=1e-3), 1e-3).fit(train, valid)
+    lines = (tmp_path / "resumed" / "train" / "epoch-1" / "Loss.log").read_text()
+    assert len(lines.splitlines()) >= 14  # the lines up to the checkpoint, at least
+
+    model = Classifier(dropout=0.0)
+    resumed = builder().checkpoint("latest")
+    trained = resumed.build(model, torch.optim.Adam(model.parameters(), lr=1e-3), 1e-3).fit(
+        train, valid
+    )
+    assert metric_logs(tmp_path / "resumed") == metric_logs(tmp_path / "whole")
+    for name, tensor in trained.state_dict().items():
+        assert torch.equal(tensor, whole.model.state_dict()[name]), name
 
 
 class NanAt(Classifier):

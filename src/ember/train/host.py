@@ -134,6 +134,10 @@ class InFlight(Generic[_About]):
     def add(self, about: _About, transfer: Transfer) -> None:
         self._queue.append((about, transfer))
 
+    def waiting(self) -> list[_About]:
+        """What the transfers not yet read are about, oldest first."""
+        return [about for about, _ in self._queue]
+
     def arrived(self, wait: bool = False) -> Iterator[tuple[_About, list[Any]]]:
         """The transfers done, oldest first, with their values (`wait`: all of them,
         waiting once for the newest: its copies were queued after the others')."""

@@ -393,8 +393,7 @@ class Learner:
                     if every is not None and not last and (dist is None or step.may_vote):
                         save = crossed(every, before, length.counters) or save
                     if save:
-                        processor.flush(dist)
-                        self._save_mid_epoch(processor, epoch)
+                        self._save_mid_epoch(processor, epoch, flush=True)
                 if voted is not None or dist is not None:
                     stop = self._stop_requested(step, voted)
                 else:
@@ -425,11 +424,25 @@ class Learner:
             return None
         return self._end_split(processor, "train", epoch)
 
-    def _save_mid_epoch(self, processor: MetricsProcessor, epoch: int) -> None:
-        """Checkpoint inside `epoch`, with the metric log lines and epoch states so far."""
+    def _save_mid_epoch(self, processor: MetricsProcessor, epoch: int, flush: bool = False) -> None:
+        """Checkpoint inside `epoch`, with the metric log lines and epoch states so far
+        (`flush`: write the lines of the values not yet written first). On one process
+        the values start to the host before the snapshot, whose one wait brings them
+        too; their lines are written before the checkpoint, which counts them."""
         position = Position(epoch, self.iteration, self.items, False, counters=self.counters)
-        lines, states = processor.line_counts(), processor.epoch_states()
-        self.checkpoints.save(position, self.model, self.optim, self.dist, lines, states)
+        before_write = None
+        if flush and self.dist is None:
+            processor.launch()
+            lines = processor.line_counts(coming=True)
+            before_write = processor.flush
+        else:
+            if flush:
+                processor.flush(self.dist)  # every process's lines, counted on rank 0
+            lines = processor.line_counts()
+        states = processor.epoch_states()
+        self.checkpoints.save(
+            position, self.model, self.optim, self.dist, lines, states, before_write
+        )
 
     def _stop_requested(self, step: Step, voted: bool | None = None) -> bool:
         """A graceful stop after this step; several processes stop at the same step,

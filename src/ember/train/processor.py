@@ -443,9 +443,25 @@ class MetricsProcessor:
                     [map_tensors(part, lambda tensor: tensor.to(device)) for part in parts]
                 )
 
-    def line_counts(self) -> dict[str, int]:
-        """Lines written so far this epoch per metric of the current split."""
-        return {state.name: state.count for state in self.states.get(self._split, ())}
+    def line_counts(self, coming: bool = False) -> dict[str, int]:
+        """Lines written so far this epoch per metric of the current split (`coming`:
+        with the lines of the values computed but not yet written, which the next
+        `flush` writes; one process)."""
+        counts = {state.name: state.count for state in self._states}
+        if coming:
+            batches = [
+                *self._in_flight.waiting(),
+                [(state, state.pending) for state in self._states],
+            ]
+            for batch in batches:
+                for state, rows in batch:
+                    counts[state.name] += sum(not isinstance(row[1], str) for row in rows)
+        return counts
+
+    def launch(self) -> None:
+        """Start every value computed so far on its way to the host (without waiting):
+        a wait that follows for other copies (a checkpoint's snapshot) brings them too."""
+        self._launch()
 
     def sync(self, dist: Any = None) -> list[MetricRecord]:
         """Write everything computed so far (from every process) to the loggers; return

@@ -28,7 +28,12 @@ class Checkpointer(Protocol):
     ) -> None:
         """Store the three parts of `epoch`. Take what is needed from `model` and
         `optimizer` before returning (training goes on and changes them); the write may
-        finish later, in another thread, which then calls `on_saved(names written)`."""
+        finish later, in another thread, which then calls `on_saved(names written)`.
+
+        A checkpointer may also take `before_write`, a function to call once the parts
+        are taken and before the write starts: a checkpoint inside an epoch then writes
+        the metric lines it counts while its own snapshot is taken, in the one wait
+        for both. One without it gets the lines written before `save` is called."""
         ...
 
     def load(self, epoch: int, part: str, target: Any) -> Any:

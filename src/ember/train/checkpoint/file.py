@@ -94,11 +94,13 @@ class FileCheckpointer:
         state: dict[str, Any],
         history: History = (),
         on_saved: Callable[[list[str]], None] | None = None,
+        before_write: Callable[[], None] | None = None,
     ) -> None:
         """Snapshot the parts now; encode, write and apply retention in the background.
 
         The snapshot waits for the previous write first (its host buffers are reused),
-        then for the copies of all three parts at once: one wait on an accelerator."""
+        then for the copies of all three parts at once: one wait on an accelerator.
+        `before_write` is called once the snapshot is taken, before the write starts."""
         self.wait()
         take = self._snapshots.take
         parts = [
@@ -107,6 +109,8 @@ class FileCheckpointer:
             ("scheduler", take("scheduler", state), "state"),
         ]
         self._snapshots.wait()
+        if before_write is not None:
+            before_write()
         history = list(history)
 
         def job() -> None:

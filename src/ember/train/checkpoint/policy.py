@@ -4,8 +4,9 @@ stores, the strategy chooses what to keep, and this class joins them."""
 
 from __future__ import annotations
 
+import inspect
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -57,6 +58,17 @@ class Resume:
     def log_lines(self) -> dict[str, int] | None:
         """Lines each training metric log had when a mid-epoch checkpoint was taken."""
         return None if self.state is None else self.state["learner"].get("log_lines")
+
+
+def _takes_before_write(checkpointer: Checkpointer | None) -> bool:
+    """Whether `checkpointer.save` takes `before_write` by name (`Checkpointer.save`)."""
+    if checkpointer is None:
+        return False
+    try:
+        parameters = inspect.signature(checkpointer.save).parameters
+    except (TypeError, ValueError):
+        return False
+    return "before_write" in parameters
 
 
 class CheckpointPolicy:
@@ -201,9 +213,15 @@ class CheckpointPolicy:
         dist: Any,
         lines: dict[str, int] | None = None,
         metric_states: dict[str, Any] | None = None,
+        before_write: Callable[[], None] | None = None,
     ) -> None:
         """Checkpoint `position`: at an epoch end in the background, mid-epoch (a stop)
-        waiting for the write. Every process takes part (random generator states)."""
+        waiting for the write. Every process takes part (random generator states).
+        `before_write` (one process) is called once the snapshot is taken, before the
+        write: at once when the checkpointer does not take it."""
+        if before_write is not None and not _takes_before_write(self.checkpointer):
+            before_write()
+            before_write = None
         if self.checkpointer is None:
             return
         rng = capture_rng_state()
@@ -244,11 +262,30 @@ class CheckpointPolicy:
             )
             history.set_checkpoints(kept)
 
+        called: list[BaseException | None] = []  # before_write ran (and what it raised)
+
+        def before() -> None:
+            assert before_write is not None
+            called.append(None)
+            try:
+                before_write()
+            except BaseException as error:
+                called[0] = error  # its own failure, not a failed write
+                raise
+
         try:
-            checkpointer.save(position.epoch, model, optimizer, state, on_saved=saved)
+            if before_write is None:
+                checkpointer.save(position.epoch, model, optimizer, state, on_saved=saved)
+            else:
+                save: Any = checkpointer.save
+                save(position.epoch, model, optimizer, state, on_saved=saved, before_write=before)
             if not position.complete:
                 checkpointer.wait()
         except Exception as error:
+            if called and error is called[0]:
+                raise
+            if before_write is not None and not called:
+                before_write()  # the snapshot failed: the lines are written all the same
             self._failed(error)
 
     def finish(self) -> None:
