@@ -234,9 +234,10 @@ class Learner:
             )
             report = self.dist.failures(wait=5.0 if waits else 0.0) if self.dist is not None else ""
             if report:
-                raise TrainingError(
-                    f"Training stopped because another rank failed. {report}"
-                ) from error
+                assert self.dist is not None
+                stopped = TrainingError(f"Training stopped because another rank failed. {report}")
+                self.dist.tell_on_sigterm(stopped)
+                raise stopped from error
             raise
         finally:
             if lock is not None:

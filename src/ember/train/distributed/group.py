@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -77,6 +78,7 @@ class Distributed:
     _watchdog: threading.Thread | None = field(default=None, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _handler: logging.Handler | None = field(default=None, repr=False)
+    _on_sigterm: Any = field(default=None, repr=False)
 
     @property
     def main(self) -> bool:
@@ -151,6 +153,28 @@ class Distributed:
         except Exception as problem:  # never hide the error that ended the run
             log.debug("Could not compare notes with the other ranks: %s", problem)
             return ""
+
+    def tell_on_sigterm(self, error: BaseException) -> None:
+        """`error` ends this rank because another rank failed. torchrun ends the other
+        ranks with SIGTERM as soon as one fails, which may come while this rank is
+        still leaving the group: until `close` returns, the signal first prints `error`
+        in the one line the exception hook would print, then ends the process as it
+        would have."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return  # the program's own handler (a preemption checkpoint) decides
+        text = "".join(traceback.format_exception_only(type(error), error)).rstrip("\n")
+        prefix = self.prefix
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            sys.stderr.write("".join(f"{prefix}{line}\n" for line in text.splitlines()))
+            sys.stderr.flush()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        self._on_sigterm = on_sigterm
 
     def caused_elsewhere(self, error: BaseException) -> str | None:
         """One line saying why `error` happened when it only reflects a failure elsewhere
@@ -322,3 +346,7 @@ class Distributed:
         if self._handler is not None:
             logging.getLogger("ember").removeHandler(self._handler)
             self._handler = None
+        if self._on_sigterm is not None:
+            if signal.getsignal(signal.SIGTERM) is self._on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            self._on_sigterm = None
