@@ -11,7 +11,6 @@ metrics compute on the device), and a checkpoint inside an epoch once.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from itertools import repeat
 from math import isfinite
@@ -156,7 +155,7 @@ class MetricsProcessor:
         return False
 
     def _check_loss(self, state: MetricState, iteration: int, value: float) -> None:
-        if state is self._loss_state and not math.isfinite(value):
+        if state is self._loss_state and not isfinite(value):
             assert self._on_nonfinite is not None
             self._on_nonfinite(self._epoch, iteration, value)
 
@@ -212,14 +211,14 @@ class MetricsProcessor:
         """Keep the coming updates on the device, undoable (`undo`) until `release`:
         a training step that may run again (grads_accumulation("auto"))."""
         self._held = True
-        states = self.states.get(self._split, ())
+        states = self._states
         return self._iteration, self._items, [len(state.pending) for state in states]
 
     def undo(self, mark: tuple[int, int, list[int]]) -> None:
         """Forget the updates since `hold` returned `mark` (a dropped attempt). The
         metrics' own whole-epoch states (`epoch_value()` metrics) keep them."""
         self._iteration, self._items, lengths = mark
-        for state, length in zip(self.states.get(self._split, ()), lengths):
+        for state, length in zip(self._states, lengths):
             del state.pending[length:]
 
     def release(self) -> None:
@@ -232,7 +231,7 @@ class MetricsProcessor:
         (when the previous tick's have arrived). Never waits on an accelerator."""
         records = self._arrived()
         if not self._in_flight:
-            self._launch()
+            self.launch()
             records += self._arrived()  # host values (and CPU tensors) arrive at once
         self._publish(records)
         if self.renderer is not None:
@@ -251,11 +250,13 @@ class MetricsProcessor:
             self.run_progress() if self.run_progress is not None else "",
         )
 
-    def _launch(self) -> None:
-        """Start the values computed since the last launch on their way to the host."""
+    def launch(self) -> None:
+        """Start the values computed since the last launch on their way to the host
+        (without waiting: a wait that follows for other copies, such as a checkpoint's
+        snapshot, brings them too)."""
         batch: list[tuple[MetricState, list[Any]]] = []
         tensors: list[Tensor] = []
-        for state in self.states.get(self._split, ()):
+        for state in self._states:
             pending = state.pending
             if not pending:
                 continue
@@ -283,7 +284,7 @@ class MetricsProcessor:
         records: list[MetricRecord] = []
         for state, pending in batch:
             iterations, numbers, weights, scales, divisors = zip(*pending)
-            if state.on_device:  # the host copies of the tensors, in `_launch`'s order
+            if state.on_device:  # the host copies of the tensors, in `launch`'s order
                 numbers = tuple(
                     next(host_values) if isinstance(number, Tensor) else number
                     for number in numbers
@@ -302,7 +303,7 @@ class MetricsProcessor:
             floats = list(map(float, weights))
             if state is self._loss_state and state.on_device:  # (host values: checked)
                 for iteration, number in zip(iterations, values):
-                    if not math.isfinite(number):
+                    if not isfinite(number):
                         self._check_loss(state, iteration, number)
             state.add_rows(values, floats)
             records += map(
@@ -357,7 +358,7 @@ class MetricsProcessor:
         checkpoint, per metric name, go back into the states and to the renderer (the
         loggers have them already)."""
         records: list[MetricRecord] = []
-        for state in self.states.get(self._split, ()):
+        for state in self._states:
             found = rows.get(state.name, [])
             state.add_rows([value for value, _ in found], [weight for _, weight in found], True)
             records.extend(
@@ -377,7 +378,7 @@ class MetricsProcessor:
         a rank drained now have their iterations in `records`; the ones drained at
         earlier ticks (whose records only rank 0 kept) are the iterations just before,
         one row per iteration."""
-        states = self.states.get(self._split, ())
+        states = self._states
         mine: dict[str, list[tuple[int, float, float]]] = {}
         for state in states:
             rows = state.take_unshared()
@@ -404,7 +405,7 @@ class MetricsProcessor:
     def _merge_epoch_states(self, dist: Any) -> None:
         """Metrics whose epoch value needs the whole epoch (AUROC, F-beta, ...) receive
         the other processes' state on rank 0 before computing it."""
-        for state in self.states.get(self._split, ()):
+        for state in self._states:
             metric = state.metric
             if callable(getattr(metric, "epoch_state", None)) and callable(
                 getattr(metric, "merge_epoch_states", None)
@@ -418,7 +419,7 @@ class MetricsProcessor:
         a checkpoint taken mid-epoch keeps so a resumed epoch's value covers it all."""
         return {
             state.name: state.metric.epoch_state()
-            for state in self.states.get(self._split, ())
+            for state in self._states
             if callable(getattr(state.metric, "epoch_state", None))
             and callable(getattr(state.metric, "merge_epoch_states", None))
         }
@@ -436,7 +437,7 @@ class MetricsProcessor:
 
         saved, device = self._restore
         self._restore = None
-        for state in self.states.get(self._split, ()):
+        for state in self._states:
             parts = [one[state.name] for one in saved if state.name in one]
             if parts and callable(getattr(state.metric, "merge_epoch_states", None)):
                 state.metric.merge_epoch_states(
@@ -458,15 +459,10 @@ class MetricsProcessor:
                     counts[state.name] += sum(not isinstance(row[1], str) for row in rows)
         return counts
 
-    def launch(self) -> None:
-        """Start every value computed so far on its way to the host (without waiting):
-        a wait that follows for other copies (a checkpoint's snapshot) brings them too."""
-        self._launch()
-
     def sync(self, dist: Any = None) -> list[MetricRecord]:
         """Write everything computed so far (from every process) to the loggers; return
         the records written."""
-        self._launch()
+        self.launch()
         records = self._arrived(wait=True)
         self._publish(records, dist)
         return records
@@ -482,11 +478,11 @@ class MetricsProcessor:
     def end_split(self, dist: Any = None) -> dict[str, float]:
         """Finish the current split's epoch; return each metric's epoch value (under
         several processes, rank 0's, which covers every rank's samples)."""
-        self._launch()
+        self.launch()
         self._apply_restore()
         if dist is not None:
             self._merge_epoch_states(dist)
-        states = self.states.get(self._split, ())
+        states = self._states
         own = [state.own_epoch_value() for state in states]
         # One wait for it all: the epoch values computed on the device are copied after
         # the split's last metric values, so once they are here, everything is.
