@@ -80,30 +80,49 @@ def _launch(world: int) -> tuple[list[Child], dict[str, str | None]]:
         "LOCAL_WORLD_SIZE": str(world),
     }
     saved = {name: os.environ.get(name) for name in _VARIABLES}
-    children = []
-    for rank in range(1, world):
-        env = {
-            **os.environ,
-            **shared,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            _LAUNCHER: str(os.getpid()),
-        }
-        process = subprocess.Popen(
-            command,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-        )
-        child = Child(rank, process)
-        child.reader = threading.Thread(
-            target=_forward, args=(child,), name=f"ember-rank-{rank}", daemon=True
-        )
-        child.reader.start()
-        children.append(child)
+    children: list[Child] = []
+    try:
+        for rank in range(1, world):
+            children.append(_start(rank, command, shared))
+            children[-1].reader.start()  # type: ignore[union-attr]
+    except BaseException:  # a Ctrl-C (or a failed start) half way: end those started
+        _end(children)
+        raise
     os.environ.update({**shared, "RANK": "0", "LOCAL_RANK": "0"})
     return children, saved
+
+
+def _start(rank: int, command: list[str], shared: dict[str, str]) -> Child:
+    """The process of `rank`, and the thread that will copy its standard error."""
+    env = {
+        **os.environ,
+        **shared,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        _LAUNCHER: str(os.getpid()),
+    }
+    process = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    child = Child(rank, process)
+    child.reader = threading.Thread(
+        target=_forward, args=(child,), name=f"ember-rank-{rank}", daemon=True
+    )
+    return child
+
+
+def _end(children: list[Child]) -> None:
+    """Kill the ranks started so far and wait for them: none outlives a start that
+    did not finish."""
+    for child in children:
+        if child.process.poll() is None:
+            child.process.kill()
+    for child in children:
+        child.process.wait()
 
 
 def _forward(child: Child) -> None:
