@@ -17,10 +17,13 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from ember_testing import Batch, BlobBatcher, BlobDataset, Classifier, blob_builder
 
+from ember.data import DataLoaderBuilder
 from ember.errors import TrainingError
-from ember.train import distributed
-from ember.train.distributed import failures, launch
+from ember.optim import SgdConfig
+from ember.train import ClassificationOutput, TrainOutput, distributed
+from ember.train.distributed import failures, launch, where
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
 RAISE = 'raise RuntimeError(f"deliberate failure on rank {rank}")'  # the failing line's source
@@ -360,3 +363,29 @@ def test_a_failure_record_travels_as_json_and_names_the_rank():
     assert "Traceback (most recent call last)" in failure.details
     assert distributed.Failure.from_json(failure.to_json()) == failure
     assert failure.report().startswith("Rank 3 failed: ValueError: bad batch (its traceback")
+
+
+def test_a_ranks_position_is_read_from_the_learner_on_its_stack(tmp_path):
+    """What a hang or failure report says of where a rank was: its epoch and iteration
+    while it trains, the validation of its epoch while it validates."""
+    seen: list[tuple[str, str | None]] = []
+
+    class Watched(Classifier):
+        def train_step(self, batch: Batch) -> TrainOutput:
+            seen.append(("train", where._position(where._stack(sys._getframe()))))
+            return super().train_step(batch)
+
+        def valid_step(self, batch: Batch) -> ClassificationOutput:
+            seen.append(("valid", where._position(where._stack(sys._getframe()))))
+            return super().valid_step(batch)
+
+    loader = DataLoaderBuilder(BlobBatcher()).batch_size(50).build(BlobDataset(100))
+    learner = blob_builder(tmp_path).num_epochs(1).build(Watched(), SgdConfig().init(), 0.1)
+    learner.fit(loader, loader)
+    assert seen == [
+        ("valid", "the checks before training"),  # fit's check of valid_step, on a copy
+        ("train", "epoch 1, iteration 1"),
+        ("train", "epoch 1, iteration 2"),
+        ("valid", "the validation of epoch 1"),
+        ("valid", "the validation of epoch 1"),
+    ]

@@ -1,31 +1,29 @@
-"""`Learner.fit`: the training loop, top to bottom.
+"""`Learner`: a configured run, and `Learner.fit`, the training loop from the top.
 
-fit -> epochs -> (train epoch, valid epoch, end of epoch). A train epoch takes each
-optimizer step from the epoch's batch plan (`batches.py`), runs its batches (step,
-backward, metrics), steps the optimizer and decides whether to stop. Checkpoints
-(`checkpoint/policy.py`), the artifact directory (`artifacts.py`) and the epoch
-history (`history.py`) have owners of their own; metrics, loggers, the renderer and
-listeners only receive what the loop hands them.
+fit -> prepare and start (`lifecycle.py`) -> the epochs (`epochs.py`: each train
+epoch takes every optimizer step of the epoch's batch plan, `batches.py`, and runs
+it, `stepping.py`) -> validation and the epoch's end (`epoch_end.py`) -> close. The
+learner holds the run's state; checkpoints (`checkpoint/policy.py`), the artifact
+directory (`artifacts.py`) and the epoch history (`history.py`) have owners of their
+own; metrics, loggers, the renderer and listeners only receive what the loop hands
+them. After `fit`: `evaluate`, `predict`, `lr_find`, `smoke_test`.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 import torch
 
-from ember.data.device import to_device
 from ember.errors import TrainingError
-from ember.train import lifecycle, stepping
+from ember.train import epochs, lifecycle
 from ember.train.artifacts import Artifacts
-from ember.train.batches import BatchPlanner, EpochPlan, Step, batch_size
-from ember.train.checkpoint.policy import CheckpointPolicy, Resume
+from ember.train.batches import BatchPlanner
+from ember.train.checkpoint.policy import CheckpointPolicy
 from ember.train.distributed import Distributed, setup, world_size
-from ember.train.duration import Counters, Duration, crossed
+from ember.train.duration import Counters, Duration
 from ember.train.evaluator import Evaluator
-from ember.train.events import EndEpoch, ProcessedItem, StartEpoch, StartSplit
 from ember.train.flops import FlopCount
 from ember.train.guard import LossGuard
 from ember.train.history import RunHistory
@@ -41,14 +39,12 @@ from ember.train.oom import (
 )
 from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome, StopReason
-from ember.train.parallel import evaluation, join
 from ember.train.position import Position
-from ember.train.processor import MetricsProcessor
 from ember.train.run_length import RunLength
 from ember.train.signals import signal_handlers
 from ember.train.smoke import SmokeReport, smoke_test
-from ember.train.step import call_step, check_steps
-from ember.train.validation import ValidationPoints, early_stop, stop_at_point
+from ember.train.step import check_steps
+from ember.train.validation import ValidationPoints
 
 log = logging.getLogger(__name__)
 EpochValues = dict[str, dict[str, float]]
@@ -261,7 +257,7 @@ class Learner:
                     self.options.cadence.start()  # max_time counts from here
                 processor = lifecycle.start(self, run, valid)
                 self._hook("on_fit_start", run.resume.position.epoch)
-                reason = self._epochs(processor, run.train, run.valid, run.resume)
+                reason = epochs.run_epochs(self, processor, run.train, run.valid, run.resume)
                 self._hook("on_fit_end", self.epoch)
                 self.checkpoints.finish()  # the last checkpoint is on disk, or the run failed
             self.outcome = reason
@@ -296,312 +292,7 @@ class Learner:
             run.app_log.uninstall()
         return self.model
 
-    # The loop --------------------------------------------------------------------
-    def _epochs(
-        self,
-        processor: MetricsProcessor,
-        train: BatchPlanner,
-        valid: BatchPlanner | None,
-        resume: Resume,
-    ) -> Outcome:
-        """Every epoch left; returns how the run ended."""
-        first = resume.position.epoch
-        for epoch in itertools.count(first):
-            if self.length.finished(Position(epoch, counters=self.counters)):
-                break
-            if epoch > self.num_epochs:  # a length in steps, samples or tokens runs on
-                self.num_epochs = processor.num_epochs = epoch
-                if self.points is not None:
-                    self.points.num_epochs = epoch
-            self.epoch = epoch
-            self._emit(StartEpoch(epoch, self.num_epochs))
-            self._hook("on_epoch_start", epoch)
-            plan = train.epoch(epoch, resume.position)
-            values = self._train_epoch(processor, plan, resume, valid)
-            if values is None:  # stopped mid-epoch
-                self._save_mid_epoch(processor, epoch)
-                return self._early_stop or self._stop_reason()
-            epoch_values = {"train": values}
-            if valid is not None:
-                epoch_values["valid"] = self._valid_epoch(processor, valid, epoch)
-            reason = self._end_epoch(epoch, epoch_values)
-            if self.length.ended:  # the run's length was reached: it completed, whatever else
-                break
-            if reason is not None:
-                return reason
-        return Outcome.completed()
-
-    def _train_epoch(
-        self,
-        processor: MetricsProcessor,
-        plan: EpochPlan,
-        resume: Resume,
-        valid: BatchPlanner | None = None,
-    ) -> dict[str, float] | None:
-        """Train one epoch (from where a resumed run stands); its epoch values, or
-        None when a stop ended it early."""
-        start, epoch, dist = plan.start, plan.start.epoch, self.dist
-        self.model.train()
-        self._start_split("train", epoch, start.iteration + 1)
-        processor.start_split("train", epoch, plan.total, start.iteration + 1)
-        if start.iteration:  # resumed mid-epoch: the epoch so far comes back
-            if dist is None or dist.main:
-                self._resume_logs(processor, start, resume.log_lines)
-            processor.restore_epoch_states(resume.metric_states(dist), self.device)
-        self.iteration, self.items, stop = start.iteration, start.items, False
-        check = 0 if self._output_checked else start.iteration + 1  # once a fit
-        length, optim, interrupter = self.length, self.optim, self.interrupter
-        cadence, every = self.options.cadence, self.options.checkpoint_every  # mid-epoch saves
-        points = self.points if valid is not None else None
-        steps_itself = dist is None or self.guard.policy != "skip"  # no agreement on a skip
-        plain = stepping.plain(self, plan)  # then each step once the fit's first is done
-        fast = plain and self.flops.done and not self._token_mean and check <= start.iteration
-        with self._ranks.join() if self._ranks is not None else join(self._ddp):
-            for step in plan:
-                if fast:
-                    finite = stepping.run_plain_step(self, processor, step, epoch)
-                else:
-                    if optim.micro_split is None:
-                        finite = stepping.run_step(self, processor, step, epoch, plan.total, check)
-                    else:
-                        finite = stepping.train_step(
-                            self, processor, step, epoch, plan.total, check
-                        )
-                    fast = (
-                        plain and self.flops.done and not self._token_mean and step.first >= check
-                    )
-                if finite and steps_itself:
-                    optim.step()
-                else:
-                    stepping.step_optimizer(self, finite, epoch)
-                before = length.counters
-                voted = length.advance(step, dist, interrupter.should_stop)
-                if length.train_for is not None and length.reached_at(step, dist):
-                    length.ended = stop = True
-                    break
-                if (
-                    points is not None
-                    and points.due(step, plan.total, before, length.counters)
-                    and self._valid_point(processor, valid, epoch)
-                ):
-                    stop = True  # early stopping, counting validation points
-                    break
-                if cadence is not None or every is not None:  # checkpoint_every, max_time
-                    last = self.iteration == plan.total
-                    save = cadence is not None and cadence.after_step(
-                        epoch, step.may_vote, last, dist, interrupter
-                    )
-                    if every is not None and not last and (dist is None or step.may_vote):
-                        save = crossed(every, before, length.counters) or save
-                    if save:
-                        self._save_mid_epoch(processor, epoch, flush=True)
-                if voted is not None or dist is not None:
-                    stop = self._stop_requested(step, voted)
-                else:
-                    stop = interrupter.requested
-                if stop:
-                    break
-                if self.checkpoints.checkpointer is not None:
-                    self.checkpoints.check()  # a background write's failure
-        self.guard.flush()
-        self.length.end_epoch(dist)
-        if self.iteration == start.iteration:
-            raise TrainingError(
-                f"The training data loader yielded no batch in epoch {epoch}. Check that its "
-                "dataset is not empty and that drop_last with a batch size larger than the "
-                "dataset does not drop every sample."
-            )
-        if self.length.ended and self.iteration != plan.total:  # the run's length ends it here
-            processor.flush(dist)
-            self._final_state = (processor.line_counts(), processor.epoch_states())
-            log.info(
-                "Training reached train_for (%s) at epoch %d, iteration %d: the epoch ends here.",
-                self.train_for,
-                epoch,
-                self.iteration,
-            )
-        elif stop and self.iteration != plan.total:
-            processor.flush(dist)  # the logs hold every finished iteration
-            return None
-        return self._end_split(processor, "train", epoch)
-
-    def _save_mid_epoch(self, processor: MetricsProcessor, epoch: int, flush: bool = False) -> None:
-        """Checkpoint inside `epoch`, with the metric log lines and epoch states so far
-        (`flush`: write the lines of the values not yet written first). On one process
-        the values start to the host before the snapshot, whose one wait brings them
-        too; their lines are written before the checkpoint, which counts them."""
-        position = Position(epoch, self.iteration, self.items, False, counters=self.counters)
-        before_write = None
-        if flush and self.dist is None:
-            processor.launch()
-            lines = processor.line_counts(coming=True)
-            before_write = processor.flush
-        else:
-            if flush:
-                processor.flush(self.dist)  # every process's lines, counted on rank 0
-            lines = processor.line_counts()
-        states = processor.epoch_states()
-        self.checkpoints.save(
-            position, self.model, self.optim, self.dist, lines, states, before_write
-        )
-
-    def _stop_requested(self, step: Step, voted: bool | None = None) -> bool:
-        """A graceful stop after this step; several processes stop at the same step,
-        while every one of them still has batches. `voted`: the processes already
-        agreed with the step's token count (`_advance`); a time limit reached since
-        is agreed too."""
-        if voted is not None:
-            cadence = self.options.cadence
-            return voted or (cadence is not None and cadence.expired)
-        stop = self.interrupter.should_stop()
-        if self.dist is not None:
-            stop = self.dist.any(stop) if step.may_vote else False
-        return stop
-
-    def _valid_point(
-        self, processor: MetricsProcessor, planner: BatchPlanner | None, epoch: int
-    ) -> bool:
-        """Validate inside the epoch (`valid_every`); True when early stopping, which
-        counts validation points, ends the run here."""
-        assert self.points is not None and planner is not None
-        main = self.dist is None or self.dist.main
-        self._hook("on_validation_start", epoch)  # e.g. an EMA validating its weights
-        try:
-            self.points.run(
-                self.model,
-                planner,
-                epoch,
-                self.iteration,
-                self.device,
-                self.dist,
-                main,
-                processor.renderer,
-                self._emit,
-                evaluation(self._ddp),
-                self.counters.state(),
-            )
-        finally:
-            self._hook("on_validation_end", epoch)
-        why = stop_at_point(self.options.early_stopping, self.run_history)
-        if why is None:
-            return False
-        log.info("Early stopping at epoch %d, iteration %d: %s.", epoch, self.iteration, why)
-        self._early_stop = Outcome.stopped_early(why)
-        return True
-
-    def _valid_epoch(
-        self, processor: MetricsProcessor, planner: BatchPlanner, epoch: int
-    ) -> dict[str, float]:
-        """Validate (eval mode, inference mode); a graceful stop waits for its end."""
-        plan = planner.epoch(epoch)
-        self.model.eval()
-        self._start_split("valid", epoch)
-        processor.start_split("valid", epoch, plan.total)
-        self._hook("on_validation_start", epoch)
-        try:
-            with evaluation(self._ddp)(), self.optim.autocast():
-                for iteration, batch in enumerate(plan.batches(), start=1):
-                    if self._move:
-                        batch = to_device(batch, self.device)
-                    item = call_step(self.model.valid_step, batch, "valid_step", epoch, iteration)
-                    processor.update(item, iteration, batch_size(batch), None)
-                    if self.listeners:
-                        self._emit(ProcessedItem("valid", epoch, iteration, plan.total, item, None))
-            return self._end_split(processor, "valid", epoch)
-        finally:
-            self._hook("on_validation_end", epoch)
-            self.model.train()
-
-    def _end_split(self, processor: MetricsProcessor, split: str, epoch: int) -> dict[str, float]:
-        """The split's epoch values; rank 0 saves the epoch's count matrices (confusion
-        matrices) next to the metric logs."""
-        values = processor.end_split(self.dist)
-        if self.dist is None or self.dist.main:
-            for name, counts in processor.matrices.items():
-                self.artifacts.write_matrix(split, epoch, name, counts)
-        return values
-
-    def _end_epoch(self, epoch: int, values: EpochValues) -> Outcome | None:
-        """Decide (a stop, early stopping), then checkpoint, then tell the listeners;
-        return a reason to stop."""
-        for split, split_values in values.items():
-            if split_values:
-                text = ", ".join(f"{name} {value!r}" for name, value in split_values.items())
-                log.info("Epoch %d %s: %s", epoch, split, text)
-        self.run_history.add_epoch(epoch, values, self.counters.state())
-        if self.train_for is not None:
-            log.info("Progress after epoch %d: %s.", epoch, self.progress_text())
-        self.optim.lr.end_epoch(values)  # an epoch-wise schedule steps before the checkpoint
-        self._hook("on_epoch_end", epoch)  # callbacks decide before the checkpoint too
-        reason = None
-        stop = self.interrupter.should_stop()
-        if self.dist is not None:
-            stop = self.dist.any(stop)
-        if stop:
-            reason = self._stop_reason()
-        elif self.options.early_stopping is not None:
-            why = early_stop(self.options.early_stopping, self.run_history, self.points is not None)
-            if why is not None:
-                log.info("Early stopping after epoch %d: %s.", epoch, why)
-                reason = Outcome.stopped_early(why)
-        if reason is None and self.options.pruning is not None:
-            reason = self._pruned(epoch)
-        if self._final_state is not None:  # the run's length ended inside the epoch
-            position = Position(epoch, self.iteration, self.items, False, counters=self.counters)
-            lines, states = self._final_state
-            self.checkpoints.save(position, self.model, self.optim, self.dist, lines, states)
-        else:
-            position = Position(epoch, self.iteration, self.items, True, counters=self.counters)
-            self.checkpoints.save(position, self.model, self.optim, self.dist)
-        self._emit(EndEpoch(epoch, values))
-        return reason
-
-    def _pruned(self, epoch: int) -> Outcome | None:
-        """Ask the pruning strategy (on rank 0, which holds the trial) whether to prune."""
-        pruning, dist = self.options.pruning, self.dist
-        why = pruning.should_prune(self.history) if pruning and (not dist or dist.main) else None
-        if dist is not None and dist.any(why is not None):
-            why = why or "pruned on rank 0"
-        if why is None:
-            return None
-        log.info("Pruned after epoch %d: %s.", epoch, why)
-        return Outcome.pruned(why)
-
-    def _start_split(self, split: str, epoch: int, first: int = 1) -> None:
-        """Tell the model (`on_split_start`, if it has one) and the listeners. A split
-        resumed in its middle (`first` > 1) does not start afresh: the model is not told,
-        and keeps the state its checkpoint restored (`get_extra_state`)."""
-        hook = getattr(self.model, "on_split_start", None)
-        if callable(hook) and first == 1:
-            hook(split)
-        self._emit(StartSplit(split, epoch, first))
-
-    def _stop_reason(self) -> Outcome:
-        message = self.interrupter.message or "stop requested on another rank"
-        if self.options.cadence is not None and self.options.cadence.expired:
-            return Outcome.time_limit(self.options.cadence.limit_text)
-        preemption, signum = self.options.preemption, self.interrupter.signal
-        if preemption is not None and signum is not None and signum == preemption.signal:
-            return Outcome.preempted(signum, preemption.name)
-        return Outcome.stopped(message, signum)
-
-    # Setting up ------------------------------------------------------------------
-    def _resume_logs(
-        self, processor: MetricsProcessor, start: Position, counts: Mapping[str, int] | None
-    ) -> None:
-        """Resuming mid-epoch: keep the lines each training metric log had at the
-        checkpoint (later lines came after it), put them back into the metric states,
-        and drop that epoch's validation logs."""
-        self.artifacts.drop_epoch("valid", start.epoch, points_through=start.iteration)
-        rows = {
-            entry.name: self.artifacts.truncate_metric_log(
-                "train", start.epoch, entry.name, (counts or {}).get(entry.name, start.iteration)
-            )
-            for entry in self.metrics.get("train", ())
-        }
-        processor.resume(rows)
-
-    # Ending ----------------------------------------------------------------------
+    # What the epochs call (`epochs.py`, `epoch_end.py`, `stepping.py`) -------------
     def _hook(self, name: str, epoch: int) -> None:
         """Call a callback hook of the run's epochs and splits (none without callbacks)."""
         if self.callbacks is not None and self.callbacks.has(name):

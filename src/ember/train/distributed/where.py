@@ -105,7 +105,7 @@ def _position(frames: list[types.FrameType]) -> str | None:
     validating = False
     for frame in frames:
         code = frame.f_code
-        validating = validating or code.co_name == "_valid_epoch"
+        validating = validating or code.co_name == "valid_epoch"
         if code.co_varnames[:1] != ("self",):
             continue
         owner = frame.f_locals.get("self")
@@ -113,6 +113,8 @@ def _position(frames: list[types.FrameType]) -> str | None:
             continue
         epoch, iteration = getattr(owner, "epoch", None), getattr(owner, "iteration", None)
         if isinstance(epoch, int) and isinstance(iteration, int):
+            if epoch == 0:  # fit's checks on its first batches, before any epoch
+                return "the checks before training"
             if validating:
                 return f"the validation of epoch {epoch}"
             return f"epoch {epoch}, iteration {iteration}"
