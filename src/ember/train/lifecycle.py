@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ember.errors import TrainingError
+from ember.train import metric_exchange as exchange
 from ember.train.batches import BatchPlanner
 from ember.train.checkpoint.policy import Resume
 from ember.train.describe import describe_run, run_info
@@ -248,7 +249,7 @@ def prepare_processes(
     train.check_shardable("training")
     if valid is not None:
         valid.check_shardable("validation")
-    processor.warn_unmerged_metrics()
+    exchange.warn_unmerged(processor.states)
     if learner.options.fsdp is not None:
         train.check_even("training")
         if valid is not None:

@@ -20,15 +20,15 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ember.data.device import describe
-from ember.errors import EmberError, TrainingError
 from ember.train import host
+from ember.train import metric_exchange as exchange
 from ember.train.logger.base import MetricLogger, MetricRecord
 from ember.train.metric.adapt import adapt
 from ember.train.metric.base import MetricMetadata, RegisteredMetric
 from ember.train.metric.inputs import LossInput
 from ember.train.metric.loss import LossMetric
 from ember.train.metric.state import MetricState
+from ember.train.metric_check import check_first_batch, single_number
 from ember.train.renderer.base import MetricView, Progress, Renderer
 
 log = logging.getLogger(__name__)
@@ -94,47 +94,11 @@ class MetricsProcessor:
         for state in self._states:
             state.clear()
 
-    def warn_unmerged_metrics(self) -> None:
-        """Several processes: name the metrics whose epoch value will cover rank 0's
-        share of the data only (whole-epoch metrics that cannot merge their state)."""
-        for split, states in self.states.items():
-            for state in states:
-                metric = state.metric
-                whole_epoch = callable(getattr(metric, "epoch_value", None))
-                mergeable = callable(getattr(metric, "merge_epoch_states", None))
-                if whole_epoch and not mergeable and not getattr(metric, "syncs_itself", False):
-                    log.warning(
-                        "%s (%s) computes its epoch value from the whole epoch: under several "
-                        "processes it covers rank 0's share of the data only.",
-                        state.name,
-                        split,
-                    )
-
     def check(self, split: str, item: Any, epoch: int = 1) -> None:
         """The first batch of a split: every metric of `split` reads `item` and updates
         once (then forgets it), so a metric that cannot work fails now, before the first
         optimizer step, with a message naming the metric, the split and what it got."""
-        meta = MetricMetadata(split, epoch, self.num_epochs, 1, None, None)
-        for state in self.states.get(split, ()):
-            adapted = adapt(item, state.input_type, state.name)
-            try:
-                with torch.no_grad(), host.at_once():
-                    value = state.metric.update(adapted, meta)
-            except EmberError as error:  # its own message says what is wrong and the fix
-                raise TrainingError(
-                    f"The {split} metric {state.name!r} fails on the first {split} batch: {error}"
-                ) from error
-            except Exception as error:
-                raise TrainingError(
-                    f"The {split} metric {state.name!r} fails on the first {split} batch: "
-                    f"{type(error).__name__}: {error}. It received {describe(adapted)}; it "
-                    f"reads a {state.input_type.__name__}. Check the shapes the step returns "
-                    "(e.g. class indices, not one-hot targets, for accuracy)."
-                ) from error
-            state.metric.clear()
-            for number in (value.value, value.weight):
-                if isinstance(number, Tensor) and number.numel() != 1:
-                    _item(number, state.name)  # raises the message naming the metric
+        check_first_batch(self.states.get(split, ()), split, item, epoch, self.num_epochs)
         if split == self._split:
             self._apply_restore()
 
@@ -189,7 +153,7 @@ class MetricsProcessor:
                             try:
                                 number = number.item()
                             except RuntimeError:
-                                _item(number, state.name)  # raises, naming the metric
+                                single_number(number, state.name)  # raises, naming the metric
                             if state is loss_state and not isfinite(number):
                                 self._check_loss(state, iteration, number)
                         else:
@@ -198,7 +162,7 @@ class MetricsProcessor:
                         state.on_device = True  # (a tensor subclass: read at the tick)
                     if isinstance(weight, Tensor):
                         if type(weight) is Tensor and host.on_host(weight):
-                            weight = _item(weight, state.name)
+                            weight = single_number(weight, state.name)
                         else:
                             state.on_device = True
                     state.pending.append((iteration, number, weight, value.scale, value.divisor))
@@ -368,61 +332,10 @@ class MetricsProcessor:
         if records and self.renderer is not None:
             self.renderer.update(self.progress(), self.views(), records)
 
-    def _gather(self, dist: Any, records: list[MetricRecord]) -> None:
-        """Several processes: rank 0 receives every other rank's rows of this split's
-        epoch, adds them to its states and to `records` (so the files hold every
-        sample's line and their weighted mean is the global epoch value).
-
-        Each row travels with its iteration number. The processes step together, so
-        iteration i of every rank is the same step: its records all carry i. The rows
-        a rank drained now have their iterations in `records`; the ones drained at
-        earlier ticks (whose records only rank 0 kept) are the iterations just before,
-        one row per iteration."""
-        states = self._states
-        mine: dict[str, list[tuple[int, float, float]]] = {}
-        for state in states:
-            rows = state.take_unshared()
-            latest = [record.iteration for record in records if record.name == state.name]
-            first = latest[0] if latest else self._iteration + 1
-            earlier = len(rows) - len(latest)
-            iterations = [*range(first - earlier, first), *latest]
-            mine[state.name] = [(i, value, weight) for i, (value, weight) in zip(iterations, rows)]
-        everyone = dist.all_gather((self._items, mine))
-        if not dist.main:
-            return
-        self._items = sum(items for items, _ in everyone)
-        for _, rows_of_rank in everyone[1:]:
-            for state in states:
-                numbered = rows_of_rank.get(state.name, [])
-                state.add_rows(
-                    [value for _, value, _ in numbered], [weight for _, _, weight in numbered], True
-                )
-                records.extend(
-                    MetricRecord(state.name, iteration, value, weight)
-                    for iteration, value, weight in numbered
-                )
-
-    def _merge_epoch_states(self, dist: Any) -> None:
-        """Metrics whose epoch value needs the whole epoch (AUROC, F-beta, ...) receive
-        the other processes' state on rank 0 before computing it."""
-        for state in self._states:
-            metric = state.metric
-            if callable(getattr(metric, "epoch_state", None)) and callable(
-                getattr(metric, "merge_epoch_states", None)
-            ):
-                everyone = dist.all_gather(metric.epoch_state())
-                if dist.main:
-                    metric.merge_epoch_states(everyone[1:])
-
     def epoch_states(self) -> dict[str, Any]:
         """The current split's whole-epoch metric states (`epoch_state()`), by name: what
         a checkpoint taken mid-epoch keeps so a resumed epoch's value covers it all."""
-        return {
-            state.name: state.metric.epoch_state()
-            for state in self._states
-            if callable(getattr(state.metric, "epoch_state", None))
-            and callable(getattr(state.metric, "merge_epoch_states", None))
-        }
+        return exchange.epoch_states(self._states)
 
     def restore_epoch_states(self, saved: list[dict[str, Any]], device: Any) -> None:
         """Resuming mid-epoch: merge the saved whole-epoch states (one dict per process
@@ -431,18 +344,10 @@ class MetricsProcessor:
         self._restore = (saved, device)
 
     def _apply_restore(self) -> None:
-        if self._restore is None:
-            return
-        from ember.record.tree import map_tensors
-
-        saved, device = self._restore
-        self._restore = None
-        for state in self._states:
-            parts = [one[state.name] for one in saved if state.name in one]
-            if parts and callable(getattr(state.metric, "merge_epoch_states", None)):
-                state.metric.merge_epoch_states(
-                    [map_tensors(part, lambda tensor: tensor.to(device)) for part in parts]
-                )
+        if self._restore is not None:
+            saved, device = self._restore
+            self._restore = None
+            exchange.restore_epoch_states(self._states, saved, device)
 
     def line_counts(self, coming: bool = False) -> dict[str, int]:
         """Lines written so far this epoch per metric of the current split (`coming`:
@@ -470,7 +375,9 @@ class MetricsProcessor:
     def _publish(self, records: list[MetricRecord], dist: Any = None) -> None:
         """Records to the loggers (under several processes, with every rank's rows)."""
         if dist is not None:
-            self._gather(dist, records)
+            self._items = exchange.gather_rows(
+                self._states, dist, records, self._items, self._iteration + 1
+            )
         if records:
             for logger in self.loggers.get(self._split, ()):
                 logger.log(self._split, self._epoch, records)
@@ -481,7 +388,7 @@ class MetricsProcessor:
         self.launch()
         self._apply_restore()
         if dist is not None:
-            self._merge_epoch_states(dist)
+            exchange.merge_epoch_states(self._states, dist)
         states = self._states
         own = [state.own_epoch_value() for state in states]
         # One wait for it all: the epoch values computed on the device are copied after
@@ -531,14 +438,3 @@ def _learn_host(state: MetricState, tensor: Tensor) -> bool:
     its first tensor of the split."""
     here = state.here = bool(host.on_host(tensor))
     return here
-
-
-def _item(value: Tensor, name: str) -> float:
-    """A host tensor's single number."""
-    try:
-        return value.item()
-    except RuntimeError:
-        raise TrainingError(
-            f"The metric {name!r} returned a tensor of shape {tuple(value.shape)}; a metric's "
-            "value and weight must be single numbers (a 0-d tensor, a float or an int)."
-        ) from None
