@@ -4,6 +4,7 @@ it resumes, and only plotted (numeric) metrics get charts."""
 from __future__ import annotations
 
 import pytest
+import torch
 from ember_testing import Classifier, StopAt
 
 from ember.errors import TrainingError
@@ -172,3 +173,33 @@ def test_a_split_resumed_in_its_middle_keeps_the_models_restored_state(tmp_path,
     assert model.seen_at_resume == [3]  # restored from the checkpoint
     assert model.starts == []  # not reset: the train split went on from batch 4
     assert model.carried == len(loaders[0])  # counted on from 3 to the last batch
+
+
+class CountsInABuffer(Classifier):
+    """Counts its validation batches in a buffer (in place, as running statistics are
+    kept), and notes in `weights_seen` (not an attribute: a copy of the model shares it) the
+    storage of its first weight at each validation batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("valid_batches", torch.zeros((), dtype=torch.int64))
+
+    def valid_step(self, batch):
+        self.valid_batches += 1
+        weights_seen.append(self.net[0].weight.data_ptr())
+        return super().valid_step(batch)
+
+
+weights_seen: list[int] = []
+
+
+def test_the_check_before_training_shares_the_weights_and_copies_the_rest(tmp_path, loaders, quiet):
+    # A second copy of the weights would raise the run's peak memory by the model's size.
+    weights_seen.clear()
+    model = CountsInABuffer()
+    learner = LearnerBuilder(tmp_path).metric_valid_numeric(AccuracyMetric()).renderer(quiet)
+    learner.num_epochs(1).build(model, AdamConfig().init(), 1e-2).fit(*loaders)
+    valid_batches = len(loaders[1])
+    assert int(model.valid_batches) == valid_batches  # the check counted on its copy's buffer
+    live = model.net[0].weight.data_ptr()
+    assert weights_seen == [live] * (1 + valid_batches)  # the check's batch, then the validation's

@@ -32,10 +32,14 @@ def check_not_empty(loader: Iterable[Any], what: str, fix: str) -> None:
 
 
 def model_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A deep copy of the model for a check that must leave the live one untouched (the
-    live model itself when it cannot be copied)."""
+    """A copy of the model for a check that must leave the live one untouched: its
+    modules, buffers and attributes are copied, its parameters shared (a check under
+    inference mode does not change them, and a second copy of the weights would raise
+    the run's peak memory by the model's size); the live model itself when it cannot
+    be copied."""
+    shared: dict[int, Any] = {id(parameter): parameter for parameter in model.parameters()}
     try:
-        return copy.deepcopy(model)
+        return copy.deepcopy(model, shared)
     except Exception:
         log.warning(
             "%s cannot be copied: the validation check before training runs on the live model.",
