@@ -31,12 +31,8 @@ from ember.train.interrupter import Interrupter
 from ember.train.lock import RunLock
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
-from ember.train.oom import (
-    RankSplit,
-    memory_post_mortem,
-    start_memory_history,
-    stop_memory_history,
-)
+from ember.train.memory import memory_post_mortem, start_memory_history, stop_memory_history
+from ember.train.oom import RankSplit
 from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome, StopReason
 from ember.train.position import Position

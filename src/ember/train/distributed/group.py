@@ -59,7 +59,7 @@ class Distributed:
     """Bumped by every step and collective: the hang detection watches it."""
     sharding: Any = None
     """How the model and optimizer states are read and written when each rank holds a
-    shard of them (`ember.train.parallel.fsdp.Sharding`); None when every rank holds
+    shard of them (`ember.train.parallel.sharding.Sharding`); None when every rank holds
     the whole model (one process, DDP)."""
     cause: Failure | None = None
     """The failure that explains this rank's communication errors: another rank's record,
