@@ -180,7 +180,7 @@ def save_mid_epoch(
 def stop_requested(learner: Learner, step: Step, voted: bool | None = None) -> bool:
     """A graceful stop after this step; several processes stop at the same step,
     while every one of them still has batches. `voted`: the processes already
-    agreed with the step's token count (`_advance`); a time limit reached since
+    agreed with the step's token count (`RunLength.advance`); a time limit reached since
     is agreed too."""
     if voted is not None:
         cadence = learner.options.cadence
