@@ -409,9 +409,25 @@ def write(text: str, data: dict, out: Path, full: bool) -> None:
     out.with_suffix(".json").write_text(json.dumps(data, indent=1))
     written = [str(out)]
     if full:
-        (BENCH / "RESULTS.md").write_text(text)
-        written.append(str(BENCH / "RESULTS.md"))
+        results = BENCH / "RESULTS.md"
+        kept = results.read_text() if results.exists() else ""
+        results.write_text(text.rstrip("\n") + "\n" + other_sections(kept, text))
+        written.append(str(results))
     print("wrote " + ", ".join(written))
+
+
+def other_sections(kept: str, text: str) -> str:
+    """The `## ` sections of `kept` that `text` does not have (the other benchmarks'
+    figures in bench/RESULTS.md), each as it was, in their order."""
+    ours = {line for line in text.splitlines() if line.startswith("## ")}
+    sections: list[list[str]] = []
+    for line in kept.splitlines():
+        if line.startswith("## "):
+            sections.append([line])
+        elif sections:
+            sections[-1].append(line)
+    others = ["\n".join(section).rstrip("\n") for section in sections if section[0] not in ours]
+    return "".join(f"\n{section}\n" for section in others)
 
 
 def is_full(data: dict) -> bool:
