@@ -365,6 +365,40 @@ def test_a_failure_record_travels_as_json_and_names_the_rank():
     assert failure.report().startswith("Rank 3 failed: ValueError: bad batch (its traceback")
 
 
+def test_ctrl_c_after_the_ranks_started_but_before_the_group_ends_them(monkeypatch):
+    from ember.train.distributed import joining
+
+    monkeypatch.setattr(
+        launch, "_command", lambda: [sys.executable, "-c", "import time; time.sleep(120)"]
+    )
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    started: list[launch.Child] = []
+    real_launch = joining._launch
+
+    def launched(world: int):
+        children, saved = real_launch(world)
+        started.extend(children)
+        return children, saved
+
+    calls = []
+
+    def device_of(devices, local_rank):  # the second call comes once the ranks started
+        calls.append(local_rank)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return torch.device("cpu")
+
+    monkeypatch.setattr(joining, "_launch", launched)
+    monkeypatch.setattr(joining, "process_device", device_of)
+    before = {name: os.environ.get(name) for name in launch._VARIABLES}
+    with pytest.raises(KeyboardInterrupt):
+        joining.setup([torch.device("cpu")] * 3, timeout=30)
+    assert [child.rank for child in started] == [1, 2]
+    assert [child.process.poll() for child in started] == [-signal.SIGKILL] * 2
+    assert {name: os.environ.get(name) for name in launch._VARIABLES} == before
+
+
 def test_a_ranks_position_is_read_from_the_learner_on_its_stack(tmp_path):
     """What a hang or failure report says of where a rank was: its epoch and iteration
     while it trains, the validation of its epoch while it validates."""

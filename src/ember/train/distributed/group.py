@@ -28,7 +28,7 @@ from ember.train.distributed.failures import (
     _explained,
     _missing,
 )
-from ember.train.distributed.launch import Child
+from ember.train.distributed.launch import Child, restore_environment
 from ember.train.distributed.watchdog import _ANSWER_WAIT, _GRACE, _Watchdog
 from ember.train.distributed.where import _traceback_frames, _where
 
@@ -338,11 +338,7 @@ class Distributed:
                 child.process.wait()
             if child.reader is not None:
                 child.reader.join(timeout=2)
-        for name, value in self.saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        restore_environment(self.saved_env)
         if self._handler is not None:
             logging.getLogger("ember").removeHandler(self._handler)
             self._handler = None

@@ -17,7 +17,7 @@ from ember.errors import TrainingError
 from ember.train.distributed import group
 from ember.train.distributed.failures import _explained, _install_excepthook, _RankLog
 from ember.train.distributed.group import Distributed
-from ember.train.distributed.launch import _LAUNCHER, Child, _launch
+from ember.train.distributed.launch import _LAUNCHER, Child, _launch, end_started
 from ember.train.distributed.where import _LABELS
 
 log = logging.getLogger("ember.train.distributed")  # the package's one logger
@@ -37,22 +37,23 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
         children, saved = _launch(len(devices))
         placement = (0, len(devices), 0)
     rank, world, local_rank = placement
-    device = process_device(devices, local_rank)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    launcher = int(os.environ[_LAUNCHER]) if _LAUNCHER in os.environ else None
-    context = Distributed(rank, world, local_rank, device, backend, children, saved)
-    context.timeout, context.launcher = timeout, launcher
-    ours = bool(children) or launcher is not None
-    context.prefix = "" if ours else f"[rank{rank}]: "
-    group._setups += 1
-    _explained.clear()
-    context._listen_to_signals()
-    if ours:
-        context._start_watchdog()  # watch the started ranks (or our starter) from now on
+    context: Distributed | None = None
     hook = sys.excepthook
-    try:
+    try:  # (a Ctrl-C too) whatever ends the joining ends the ranks started for it
+        device = process_device(devices, local_rank)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        launcher = int(os.environ[_LAUNCHER]) if _LAUNCHER in os.environ else None
+        context = Distributed(rank, world, local_rank, device, backend, children, saved)
+        context.timeout, context.launcher = timeout, launcher
+        ours = bool(children) or launcher is not None
+        context.prefix = "" if ours else f"[rank{rank}]: "
+        group._setups += 1
+        _explained.clear()
+        context._listen_to_signals()
+        if ours:
+            context._start_watchdog()  # watch the started ranks (or our starter) from now on
         try:
             dist.init_process_group(
                 backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout + _SLACK)
@@ -74,7 +75,9 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
             context._handler = _RankLog(context, context.prefix)
             ember_log.addHandler(context._handler)
     except BaseException:
-        if not context.finished:
+        if context is None:
+            end_started(children, saved)
+        elif not context.finished:
             context.close(failed=True)
         raise
     log.info("Rank %d of %d on %s (backend %s).", rank, world, device, backend)

@@ -125,6 +125,22 @@ def _end(children: list[Child]) -> None:
         child.process.wait()
 
 
+def end_started(children: list[Child], saved: dict[str, str | None]) -> None:
+    """Joining failed before the group was set up: end the ranks started and put the
+    environment variables `_launch` set back as they were (`saved`)."""
+    _end(children)
+    restore_environment(saved)
+
+
+def restore_environment(saved: dict[str, str | None]) -> None:
+    """The variables of `saved` back to their saved values (None: unset)."""
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def _forward(child: Child) -> None:
     """Copy a child's standard error into our own standard error and the log."""
     assert child.process.stderr is not None
