@@ -4,7 +4,9 @@
 
 Wall-clock and CPU times on a shared machine vary by 10 % or more from one process to
 the next, more than the differences this benchmark is about. Instruction counts do
-not. Each variant of `bench/worker.py` (the raw loop and ember with its defaults)
+not: a busy neighbour does not move them, and the per-step figure of one tree moves
+by a few tenths of a percent from one run to the next (ember / raw 1.004-1.008 for
+the same code), so compare trees by more than one run each. Each variant of `bench/worker.py` (the raw loop and ember with its defaults)
 runs under valgrind's callgrind twice, on `small` and on `large` training batches of
 64 (640 validation samples both times). The difference between the two counts,
 divided by the difference in batches, is the variant's instructions per training
