@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Sequence
 
 import torch
 
@@ -52,6 +52,9 @@ from ember.train.processor import MetricsProcessor
 from ember.train.renderer.base import Renderer, RunInfo
 from ember.train.signals import signal_handlers
 from ember.train.step import call_step
+
+if TYPE_CHECKING:
+    from ember.train.learner import Learner
 
 __all__ = ["EvaluationInterrupted", "Evaluator", "EvaluatorBuilder", "concat_outputs"]
 
@@ -365,3 +368,29 @@ class _EvaluationLogger:
         for handle in self._files.values():
             handle.close()
         self._files.clear()
+
+
+def learner_evaluator(learner: Learner) -> Evaluator:
+    """An evaluator of a learner's model with its settings (`Learner.evaluate`,
+    `Learner.predict`): its device, artifact directory, validation metrics (the
+    training ones when it has none), renderer and mixed precision. It has an
+    interrupter of its own: a stop that ended `fit` (and sets `exit_code`) does not
+    stop it."""
+    if learner.options.fsdp is not None:
+        raise TrainingError(
+            "evaluate() and predict() need the whole model, and under FSDP each process "
+            "held a shard of it until fit() ended. Load the trained weights into a plain "
+            "model (model.load_state_dict(learner.model_state_dict()) on rank 0, or the "
+            "last checkpoint with recorder.load(model, path)) and use an Evaluator."
+        )
+    metrics = learner.metrics.get("valid") or learner.metrics.get("train") or ()
+    return Evaluator(
+        learner.model,
+        learner.device,
+        learner.artifact_dir,
+        metrics,
+        learner.renderer,
+        summary=learner.options.summary,
+        interrupter=Interrupter(),
+        autocast=learner.optim.autocast,
+    )

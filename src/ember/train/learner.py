@@ -23,11 +23,10 @@ from ember.train.batches import BatchPlanner
 from ember.train.checkpoint.policy import CheckpointPolicy
 from ember.train.distributed import Distributed, setup, world_size
 from ember.train.duration import Counters, Duration
-from ember.train.evaluator import Evaluator
+from ember.train.evaluator import learner_evaluator
 from ember.train.flops import FlopCount
 from ember.train.guard import LossGuard
 from ember.train.history import RunHistory
-from ember.train.interrupter import Interrupter
 from ember.train.lock import RunLock
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
@@ -308,34 +307,12 @@ class Learner:
             return self._whole
         return self.model.state_dict()
 
-    def _evaluator(self) -> Evaluator:
-        """An evaluator of the model with the learner's settings. It has an interrupter
-        of its own: a stop that ended `fit` (and sets `exit_code`) does not stop it."""
-        metrics = self.metrics.get("valid") or self.metrics.get("train") or ()
-        if self.options.fsdp is not None:
-            raise TrainingError(
-                "evaluate() and predict() need the whole model, and under FSDP each process "
-                "held a shard of it until fit() ended. Load the trained weights into a plain "
-                "model (model.load_state_dict(learner.model_state_dict()) on rank 0, or the "
-                "last checkpoint with recorder.load(model, path)) and use an Evaluator."
-            )
-        return Evaluator(
-            self.model,
-            self.device,
-            self.artifact_dir,
-            metrics,
-            self.renderer,
-            summary=self.options.summary,
-            interrupter=Interrupter(),
-            autocast=self.optim.autocast,
-        )
-
     def evaluate(self, name: str, loader: Iterable[Any]) -> dict[str, float]:
         """Evaluate the model (after `fit`: the trained one) on `loader` as
         `Evaluator.eval` does, on the learner's device, into its artifact directory
         (`test/<name>/`), with its validation metrics (the training ones when it has
         none); return `{metric: value}` over the whole set."""
-        return self._evaluator().eval(name, loader)
+        return learner_evaluator(self).eval(name, loader)
 
     def lr_find(self, train: Iterable[Any], **options: Any) -> LrFinderResult:
         """The learning-rate range test on `train` (see `ember.train.lr_finder.lr_find` for
@@ -361,4 +338,4 @@ class Learner:
     def predict(self, loader: Iterable[Any]) -> Any:
         """The model's outputs over `loader`, on the CPU, concatenated along the first
         dimension, as `Evaluator.predict` returns them."""
-        return self._evaluator().predict(loader)
+        return learner_evaluator(self).predict(loader)
