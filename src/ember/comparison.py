@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ember.errors import EmberError
-from ember.train.artifacts import SPLITS, Artifacts, metric_stem
+from ember.train.artifacts import SPLITS, Artifacts
 from ember.train.history import RunHistory
 from ember.train.lock import read_lock
+from ember.train.metric_files import metric_stem
 from ember.train.run_record import flatten_hparams, read_hparams, read_sessions, wall_time
 from ember.train.summary import epoch_values
 

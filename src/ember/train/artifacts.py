@@ -37,16 +37,10 @@ from ember.errors import EmberError, TrainingError
 from ember.train.metric.base import weighted_mean
 from ember.train.metric_files import (
     _UNSAFE,
-    add_lines,
-    format_line,
-    format_value,
-    format_weight,
     matrix_file_name,
     metric_file_name,
     metric_log_path,
-    metric_stem,
     read_matrix,
-    read_metric_log,
     truncate_log,
     write_matrix,
 )
@@ -54,20 +48,9 @@ from ember.train.metric_files import (
 __all__ = [
     "SPLITS",
     "Artifacts",
-    "add_lines",
     "checkpoint_epochs",
     "checkpoint_path",
-    "format_line",
-    "format_value",
-    "format_weight",
-    "matrix_file_name",
-    "metric_file_name",
-    "metric_log_path",
-    "metric_stem",
-    "read_matrix",
-    "read_metric_log",
     "weighted_mean",
-    "write_matrix",
 ]
 
 SPLITS = ("train", "valid")

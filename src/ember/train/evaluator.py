@@ -33,19 +33,19 @@ import torch
 
 from ember.data.device import to_device
 from ember.errors import ConfigError, TrainingError
-from ember.train.artifacts import (
-    Artifacts,
+from ember.train.artifacts import Artifacts
+from ember.train.batches import batch_size
+from ember.train.interrupter import Interrupter
+from ember.train.logger.application import FileApplicationLogger
+from ember.train.logger.base import MetricRecord
+from ember.train.metric.base import Metric, RegisteredMetric
+from ember.train.metric_files import (
     add_lines,
     format_value,
     matrix_file_name,
     metric_file_name,
     write_matrix,
 )
-from ember.train.batches import batch_size
-from ember.train.interrupter import Interrupter
-from ember.train.logger.application import FileApplicationLogger
-from ember.train.logger.base import MetricRecord
-from ember.train.metric.base import Metric, RegisteredMetric
 from ember.train.plugins import check_plugin
 from ember.train.prediction import concat_outputs, predict
 from ember.train.processor import MetricsProcessor

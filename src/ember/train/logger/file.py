@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import IO, Sequence
 
 from ember.errors import EmberError
-from ember.train.artifacts import (
+from ember.train.artifacts import weighted_mean
+from ember.train.logger.base import MetricRecord, RunStart
+from ember.train.metric_files import (
     add_lines,
     format_value,
     format_weight,
     metric_file_name,
     metric_log_path,
     read_metric_log,
-    weighted_mean,
 )
-from ember.train.logger.base import MetricRecord, RunStart
 
 __all__ = [
     "FileMetricLogger",
