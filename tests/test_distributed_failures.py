@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,6 +256,7 @@ def test_sigterm_during_training_stops_every_rank_after_a_checkpoint(tmp_path):
 # 4. Launches that cannot work --------------------------------------------------------
 STDIN_SCRIPT = """
 import sys
+import threading
 import torch
 from torch import nn
 from ember.data import DataLoaderBuilder
@@ -423,3 +425,14 @@ def test_a_ranks_position_is_read_from_the_learner_on_its_stack(tmp_path):
         ("valid", "the validation of epoch 1"),
         ("valid", "the validation of epoch 1"),
     ]
+
+
+def test_a_group_whose_watchdog_never_started_closes(monkeypatch):
+    # A Ctrl-C inside the watchdog's Thread.start leaves a thread that never started.
+    from ember.train.distributed.group import Distributed
+
+    context = Distributed(0, 1, 0, torch.device("cpu"), "gloo", [], {})
+    monkeypatch.setattr(threading.Thread, "start", lambda self: None)
+    context._start_watchdog()
+    context.close(failed=True)  # joining a thread never started would raise RuntimeError
+    assert context.finished

@@ -315,7 +315,13 @@ class Distributed:
         self.finished = True
         self._stop.set()
         watchdog = self._watchdog
-        if watchdog is not None and watchdog is not threading.current_thread():
+        # (a Ctrl-C inside the watchdog's start leaves a thread that never started, or
+        # that sees the stop at once: only a running one is waited for)
+        if (
+            watchdog is not None
+            and watchdog.is_alive()
+            and watchdog is not threading.current_thread()
+        ):
             watchdog.join(timeout=_ANSWER_WAIT + 1)
         self._stop_listening()
         if failed:  # the started ranks that did not fail wait on our connections: end them
