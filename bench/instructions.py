@@ -1,6 +1,6 @@
 """ember's cost per training step in CPU instructions: a figure no noisy neighbour moves.
 
-    python bench/instructions.py [--model mlp] [--small 100] [--large 300] [--jobs 2]
+    python bench/instructions.py [--model mlp] [--small 100] [--large 300] [--jobs 2] [--cache-sim]
 
 Wall-clock and CPU times on a shared machine vary by 10 % or more from one process to
 the next, more than the differences this benchmark is about. Instruction counts do
@@ -15,6 +15,12 @@ checks); everything done once per process (imports, data generation, set-up, the
 validation pass) cancels out. The ratio ember / raw of instructions per step is
 ember's per-step overhead. Needs valgrind; takes a few minutes (callgrind runs about
 50x slower than the CPU).
+
+`--cache-sim` also simulates the caches (callgrind's `--cache-sim=yes`, about twice
+as slow again) and adds estimated cycles per step, cachegrind's usual estimate
+Ir + 10 x (first-level misses) + 100 x (last-level misses): memory traffic weighed in,
+still free of noise. It models no branch predictor, so the Python interpreter's
+share of the time remains undercounted.
 """
 
 from __future__ import annotations
@@ -58,8 +64,24 @@ with contextlib.redirect_stdout(io.StringIO()):
 """
 
 
-def count(variant: str, model: str, batches: int, step: float, scratch: Path) -> int:
-    """Instructions executed by one whole process of `variant` on `batches` batches."""
+EVENTS = ("Ir", "Dr", "Dw", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
+"""callgrind's events with --cache-sim=yes, in the order of its "Collected" line."""
+
+
+def cycles(events: list[int]) -> int:
+    """cachegrind's estimate of cycles: an instruction each, 10 per first-level miss,
+    100 per last-level miss."""
+    named = dict(zip(EVENTS, events))
+    first = named["I1mr"] + named["D1mr"] + named["D1mw"]
+    last = named["ILmr"] + named["DLmr"] + named["DLmw"]
+    return named["Ir"] + 10 * first + 100 * last
+
+
+def count(
+    variant: str, model: str, batches: int, step: float, scratch: Path, cache_sim: bool
+) -> list[int]:
+    """callgrind's event counts for one whole process of `variant` on `batches`
+    batches: [instructions], or the nine of `EVENTS` with `cache_sim`."""
     out = scratch / f"callgrind.{variant}.{batches}"
     script = scratch / "child.py"
     script.write_text(CHILD.format(here=str(HERE), valid=VALID))
@@ -71,6 +93,7 @@ def count(variant: str, model: str, batches: int, step: float, scratch: Path) ->
             *fixed,
             "valgrind",
             "--tool=callgrind",
+            *(["--cache-sim=yes"] if cache_sim else []),
             f"--callgrind-out-file={out}",
             sys.executable,
             str(script),
@@ -83,10 +106,10 @@ def count(variant: str, model: str, batches: int, step: float, scratch: Path) ->
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"},
     )
-    found = re.search(r"Collected : (\d+)", result.stderr)
+    found = re.search(r"Collected : ([\d ]+)", result.stderr)
     if result.returncode != 0 or found is None:
         raise SystemExit(f"{variant} on {batches} batches failed:\n{result.stderr[-2000:]}")
-    return int(found.group(1))
+    return [int(number) for number in found.group(1).split()]
 
 
 def main() -> None:
@@ -102,6 +125,11 @@ def main() -> None:
         help="a training step's native time, for how often metrics are flushed "
         "(default: 1.1 for the MLP, 30 for the CNN, as measured by bench/run.py)",
     )
+    parser.add_argument(
+        "--cache-sim",
+        action="store_true",
+        help="simulate the caches too and report estimated cycles per step (slower)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind).")
@@ -116,7 +144,10 @@ def main() -> None:
                 zip(
                     runs,
                     pool.map(
-                        lambda run: count(run[0], args.model, run[1], step_ms / 1e3, scratch), runs
+                        lambda run: count(
+                            run[0], args.model, run[1], step_ms / 1e3, scratch, args.cache_sim
+                        ),
+                        runs,
                     ),
                 )
             )
@@ -124,7 +155,8 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     steps = args.large - args.small
     per_step = {
-        v: (counts[(v, args.large)] - counts[(v, args.small)]) / steps for v in ("raw", "ember")
+        v: (counts[(v, args.large)][0] - counts[(v, args.small)][0]) / steps
+        for v in ("raw", "ember")
     }
     print(
         f"{args.model}: instructions per training step (batch 64), from {args.small} and "
@@ -134,9 +166,34 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|")
     for v in ("raw", "ember"):
         print(
-            f"| {v} | {counts[(v, args.small)]:,} | {counts[(v, args.large)]:,} | "
+            f"| {v} | {counts[(v, args.small)][0]:,} | {counts[(v, args.large)][0]:,} | "
             f"{per_step[v]:,.0f} | {per_step[v] / per_step['raw']:.4f} |"
         )
+    if args.cache_sim:
+        print_cache(counts, args.small, args.large)
+
+
+def print_cache(counts: dict[tuple[str, int], list[int]], small: int, large: int) -> None:
+    """Per step: each simulated event and the estimated cycles, ember against raw."""
+    per_step = {
+        v: [(b - a) / (large - small) for a, b in zip(counts[(v, small)], counts[(v, large)])]
+        for v in ("raw", "ember")
+    }
+    print("\nPer training step, with the caches simulated (Ir instructions; D reads/writes;")
+    print("I1/D1 first-level misses; IL/DL last-level misses):\n")
+    print("| event | raw | ember | ember - raw |")
+    print("|---|---:|---:|---:|")
+    for index, name in enumerate(EVENTS):
+        raw, ember = per_step["raw"][index], per_step["ember"][index]
+        print(f"| {name} | {raw:,.0f} | {ember:,.0f} | {ember - raw:+,.0f} |")
+    estimate = {
+        v: (cycles(counts[(v, large)]) - cycles(counts[(v, small)])) / (large - small)
+        for v in ("raw", "ember")
+    }
+    print(
+        f"\nEstimated cycles per step: raw {estimate['raw']:,.0f}, ember "
+        f"{estimate['ember']:,.0f}, ember / raw {estimate['ember'] / estimate['raw']:.4f}"
+    )
 
 
 if __name__ == "__main__":

@@ -83,8 +83,10 @@ def _launch(world: int) -> tuple[list[Child], dict[str, str | None]]:
     children: list[Child] = []
     try:
         for rank in range(1, world):
-            children.append(_start(rank, command, shared))
-            children[-1].reader.start()  # type: ignore[union-attr]
+            child = _start(rank, command, shared)
+            children.append(child)
+            if child.reader is not None:  # (always: _start makes it)
+                child.reader.start()
     except BaseException:  # a Ctrl-C (or a failed start) half way: end those started
         _end(children)
         raise
