@@ -2,7 +2,8 @@
 
     python bench/worker.py VARIANT MODEL [--train N] [--valid N] [--threads T]
 
-VARIANT is one of raw, ember, ember_ckpt, lightning_min, lightning_default, keras;
+VARIANT is one of raw, raw_again (the same loop), ember, ember_ckpt, lightning_min,
+lightning_default, keras;
 MODEL is mlp or cnn. The process imports what the variant needs, generates the
 synthetic data, builds the model and its trainer, then times one training epoch
 plus one validation pass. The last line it prints is one JSON object:
@@ -26,7 +27,17 @@ import sys
 import tempfile
 import time
 
-VARIANTS = ("raw", "ember", "ember_ckpt", "lightning_min", "lightning_default", "keras")
+VARIANTS = (
+    "raw",
+    "raw_again",
+    "ember",
+    "ember_ckpt",
+    "lightning_min",
+    "lightning_default",
+    "keras",
+)
+"""`raw_again` is the raw loop once more, in its own process: paired with `raw`, it
+shows the ratio the machine's noise alone gives."""
 MODELS = ("mlp", "cnn")
 
 BATCH_SIZE = 64
@@ -453,7 +464,7 @@ def main(argv: list[str] | None = None) -> None:
 
     scratch = tempfile.mkdtemp(prefix=f"bench-{args.variant}-")
     try:
-        if args.variant == "raw":
+        if args.variant in ("raw", "raw_again"):
             result = run_raw(args.model, args.train, args.valid, scratch)
         elif args.variant in ("ember", "ember_ckpt"):
             result = run_ember(
