@@ -11,7 +11,8 @@ repetitions, so slow drift of the machine falls on all variants alike. Workload:
 batch 64, num_workers=0, one training epoch, then validation on 10,000 samples;
 models: MLP 784-128-10 and the guide's small CNN (dropout 0.5). Adam, lr 1e-3.
 
-Also times `python -c "import ember"` against `python -c "import torch"`
+glibc's malloc is told to keep freed memory for reuse in every process alike
+(`GLIBC_MALLOC`; `--glibc-defaults` leaves its defaults). Also times `python -c "import ember"` against `python -c "import torch"`
 (alternating, median of --import-runs each).
 
 Writes a Markdown report to --out (and its raw numbers next to it as .json, updated
@@ -57,8 +58,18 @@ IMPORTS = {
 }
 
 
-def child_env(threads: int) -> dict[str, str]:
+GLIBC_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(256 << 20), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
+"""glibc's malloc, tuned alike for every variant: freed memory stays in the heap for the
+next step instead of going back to the OS (and faulting in again, page by page).
+Without it, whether a process does so every step depends on where small long-lived
+allocations happen to land in its heap: a CNN step of the same loop takes 19.5 ms in
+one process and 26 ms in the next (3,000 page faults a step)."""
+
+
+def child_env(threads: int, glibc_defaults: bool = False) -> dict[str, str]:
     env = dict(os.environ)
+    if not glibc_defaults:
+        env.update(GLIBC_MALLOC)
     env.update(
         OMP_NUM_THREADS=str(threads),
         MKL_NUM_THREADS=str(threads),
@@ -288,6 +299,8 @@ enable_progress_bar=False, enable_model_summary=False)`; accuracy and loss logge
 - `keras`: Keras 3 with `KERAS_BACKEND=torch`, `model.fit(train, validation_data=valid, \
 epochs=1)` on the same DataLoaders, `accuracy` metric, its own weight initialisation.
 
+{malloc}
+
 `fit s` runs from just before the first batch (the call to fit, or the raw loop) to the end \
 of validation; imports, data generation, model and trainer construction are outside it. \
 `fit CPU s` is the process's CPU time (all threads) over the same span: with one torch thread \
@@ -296,6 +309,22 @@ it equals the wall time on an idle machine and is much less sensitive to other p
 `getrusage(RUSAGE_SELF).ru_maxrss`. Ratios are ratios of medians, except `best / best raw`, \
 the ratio of the fastest runs (the least disturbed by other processes). Train loss is the \
 epoch's sample-weighted mean (Keras: its running mean of batch losses)."""
+
+
+def malloc_text(setting: str | dict[str, str]) -> str:
+    if setting == "defaults" or not isinstance(setting, dict):
+        return (
+            "glibc's malloc ran with its default thresholds (`--glibc-defaults`): a process "
+            "may return a step's memory to the OS and fault it in again, thousands of pages "
+            "a step, or not, by the luck of its heap's layout."
+        )
+    tuned = ", ".join(f"{name}={value}" for name, value in setting.items())
+    return (
+        f"Every process runs with glibc's malloc told to keep freed memory for reuse ({tuned}), "
+        "the same for every variant: it takes out a lottery that otherwise makes one process "
+        "of the same loop up to 30% slower than the next (returning a step's memory to the OS "
+        "and faulting it in again, thousands of pages a step)."
+    )
 
 
 def paired(data: dict, model: str, variant: str) -> list[float]:
@@ -349,7 +378,7 @@ def report(data: dict, stats_rows: list[str], stats: dict) -> str:
         "",
         "## Workload",
         "",
-        WORKLOAD.format(**args),
+        WORKLOAD.format(**args, malloc=malloc_text(args.get("glibc_malloc", "defaults"))),
         "",
         "## Results",
         "",
@@ -432,6 +461,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--import-runs", type=int, default=9)
+    parser.add_argument(
+        "--glibc-defaults",
+        action="store_true",
+        help="leave glibc's malloc thresholds at their defaults (see GLIBC_MALLOC)",
+    )
     parser.add_argument("--report-only", metavar="JSON", help="re-render the report of a run")
     args = parser.parse_args(argv)
     args.variant_list = [v for v in args.variants.split(",") if v]
@@ -521,7 +555,7 @@ def measure(args: argparse.Namespace, argv: list[str] | None, snapshot: Path) ->
 
     started = time.perf_counter()
     load_before = loadavg()
-    env = child_env(args.threads)
+    env = child_env(args.threads, args.glibc_defaults)
     code = freeze_code(env, snapshot)
     info = {**machine(args.threads), "ember code": code}
     print(f"machine: {info['cpu']}, {info['cores']}; load {load_before}", flush=True)
@@ -546,6 +580,7 @@ def measure(args: argparse.Namespace, argv: list[str] | None, snapshot: Path) ->
             "valid": args.valid,
             "threads": args.threads,
             "quick": args.quick,
+            "glibc_malloc": "defaults" if args.glibc_defaults else GLIBC_MALLOC,
         },
         "machine": info,
         "load_before": load_before,
