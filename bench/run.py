@@ -12,8 +12,9 @@ batch 64, num_workers=0, one training epoch, then validation on 10,000 samples;
 models: MLP 784-128-10 and the guide's small CNN (dropout 0.5). Adam, lr 1e-3.
 
 glibc's malloc is told to keep freed memory for reuse in every process alike
-(`GLIBC_MALLOC`; `--glibc-defaults` leaves its defaults). Also times `python -c "import ember"` against `python -c "import torch"`
-(alternating, median of --import-runs each).
+(`GLIBC_MALLOC`; `--glibc-defaults` leaves its defaults). Also times
+`python -c "import ember"` against `python -c "import torch"` (alternating, median of
+--import-runs each).
 
 Writes a Markdown report to --out (and its raw numbers next to it as .json, updated
 after every process, so a run cut short keeps what it measured); a complete run of
