@@ -256,7 +256,6 @@ def test_sigterm_during_training_stops_every_rank_after_a_checkpoint(tmp_path):
 # 4. Launches that cannot work --------------------------------------------------------
 STDIN_SCRIPT = """
 import sys
-import threading
 import torch
 from torch import nn
 from ember.data import DataLoaderBuilder

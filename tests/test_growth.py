@@ -21,11 +21,10 @@ from ember.data.sampler import ResumableSampler
 from ember.errors import EmberError
 from ember.optim import AdamConfig
 from ember.train import LearnerBuilder
-from ember.train.artifacts import weighted_mean
 from ember.train.events import EndEpoch
 from ember.train.history import RunHistory
 from ember.train.metric import LossMetric
-from ember.train.metric.base import MetricValue, RegisteredMetric
+from ember.train.metric.base import MetricValue, RegisteredMetric, weighted_mean
 from ember.train.metric.state import ExactSum
 from ember.train.metric_files import read_metric_log
 from ember.train.processor import MetricsProcessor

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Iterator
 
 from ember.errors import EmberError, TrainingError
-from ember.train.metric.base import weighted_mean
 from ember.train.metric_files import (
     _UNSAFE,
     matrix_file_name,
@@ -50,7 +49,6 @@ __all__ = [
     "Artifacts",
     "checkpoint_epochs",
     "checkpoint_path",
-    "weighted_mean",
 ]
 
 SPLITS = ("train", "valid")

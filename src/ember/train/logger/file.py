@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import IO, Sequence
 
 from ember.errors import EmberError
-from ember.train.artifacts import weighted_mean
 from ember.train.logger.base import MetricRecord, RunStart
+from ember.train.metric.base import weighted_mean
 from ember.train.metric_files import (
     add_lines,
     format_value,
