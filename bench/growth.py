@@ -405,9 +405,9 @@ def part_dashboard() -> None:
 # ember plot ---------------------------------------------------------------------------
 def part_plot(epochs: int, root: Path) -> None:
     from ember.plot import plot_run
-    from ember.train.artifacts import Artifacts
+    from ember.train.files.artifacts import Artifacts
     from ember.train.history import RunHistory
-    from ember.train.metric_files import format_line
+    from ember.train.files.metric_files import format_line
 
     print(f"\n## ember plot on a run of {epochs:,} epochs (3 iterations each)\n")
     artifacts = Artifacts(root / "plotted")

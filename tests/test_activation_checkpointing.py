@@ -14,7 +14,7 @@ from ember.errors import ConfigError
 from ember.optim import AdamConfig
 from ember.record import DefaultRecorder, load
 from ember.train import ClassificationOutput, LearnerBuilder, TrainOutput
-from ember.train.model_summary import ModelSummary
+from ember.train.files.model_summary import ModelSummary
 
 
 class Block(nn.Module):

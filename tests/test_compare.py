@@ -17,7 +17,7 @@ from ember.optim import AdamConfig
 from ember.record import DefaultRecorder
 from ember.train import LearnerBuilder
 from ember.train.history import RunHistory
-from ember.train.lock import RunLock
+from ember.train.files.lock import RunLock
 from ember.train.metric import AccuracyMetric, LossMetric
 
 

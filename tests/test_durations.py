@@ -20,7 +20,7 @@ from ember.lr import CosineAnnealingLrSchedulerConfig
 from ember.optim import AdamConfig, SgdConfig
 from ember.record import DefaultRecorder
 from ember.train import ClassificationOutput, LearnerBuilder, ProcessedItem, TrainOutput
-from ember.train.duration import Duration, short_count
+from ember.train.length.duration import Duration, short_count
 from ember.train.history import RunHistory
 from ember.train.logger import read_metric_log
 from ember.train.metric import LossMetric

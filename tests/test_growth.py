@@ -26,7 +26,7 @@ from ember.train.history import RunHistory
 from ember.train.metric import LossMetric
 from ember.train.metric.base import MetricValue, RegisteredMetric, weighted_mean
 from ember.train.metric.state import ExactSum
-from ember.train.metric_files import read_metric_log
+from ember.train.files.metric_files import read_metric_log
 from ember.train.processor import MetricsProcessor
 from ember.train.renderer.history import EpochValues, History
 from ember.train.renderer.state import RunTracker

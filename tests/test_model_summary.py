@@ -10,7 +10,7 @@ from torch import nn
 from ember.errors import ConfigError, TrainingError
 from ember.optim import AdamConfig
 from ember.train import LearnerBuilder
-from ember.train.model_summary import ModelSummary
+from ember.train.files.model_summary import ModelSummary
 
 
 class Tower(Classifier):

@@ -12,7 +12,7 @@ from ember_testing import load_example
 from ember.errors import EmberError
 from ember.integrations.optuna import OptunaPruning
 from ember.train.history import RunHistory
-from ember.train.run_record import read_hparams
+from ember.train.files.run_record import read_hparams
 
 ROOT = Path(__file__).resolve().parents[1]
 

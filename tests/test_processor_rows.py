@@ -11,7 +11,7 @@ import torch
 
 from ember.train.logger.base import MetricRecord
 from ember.train.metric.base import MetricValue, RegisteredMetric
-from ember.train.metric_files import add_lines, format_line
+from ember.train.files.metric_files import add_lines, format_line
 from ember.train.processor import MetricsProcessor
 
 

@@ -10,7 +10,7 @@ from ember_testing import Classifier
 from ember.optim import AdamConfig
 from ember.train import LearnerBuilder
 from ember.train.metric import AccuracyMetric, LossMetric
-from ember.train.model_summary import ModelSummary
+from ember.train.files.model_summary import ModelSummary
 from ember.train.renderer import PlainRenderer
 
 

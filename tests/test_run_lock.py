@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ember.errors import TrainingError
-from ember.train.lock import LockOwner, RunLock, _process_stat
+from ember.train.files.lock import LockOwner, RunLock, _process_stat
 
 pytestmark = pytest.mark.skipif(os.name == "nt", reason="pids are not probed on Windows")
 LINUX = Path("/proc/self/stat").exists()
@@ -172,7 +172,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, dead_pid, caplog)
     path = tmp_path / ".lock"
     write_lock(path, LockOwner(socket.gethostname(), dead_pid, started=1, boot=None))
     lock = RunLock(path)
-    with caplog.at_level(logging.WARNING, logger="ember.train.lock"):
+    with caplog.at_level(logging.WARNING, logger="ember.train.files.lock"):
         lock.acquire()
     assert lock.owned
     message = lock.takeover_message
@@ -325,7 +325,7 @@ def test_release_never_deletes_another_processs_lock(tmp_path, sleeper, caplog):
     path.unlink()
     other = LockOwner(socket.gethostname(), sleeper.pid, token="other").dumps()
     path.write_text(other)
-    with caplog.at_level(logging.WARNING, logger="ember.train.lock"):
+    with caplog.at_level(logging.WARNING, logger="ember.train.files.lock"):
         lock.release()
     assert path.read_text() == other
     assert f"now belongs to process {sleeper.pid}" in caplog.text

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ember.errors import EmberError
-from ember.train.artifacts import SPLITS, Artifacts
-from ember.train.metric_files import format_value, metric_stem, read_metric_log
+from ember.train.files.artifacts import SPLITS, Artifacts
+from ember.train.files.metric_files import format_value, metric_stem, read_metric_log
 from ember.train.summary import MatrixSummary, epoch_values, last_matrices
 
 COLOURS = {"train": "#1f77b4", "valid": "#ff7f0e"}

@@ -22,7 +22,7 @@ from ember.optim import AdamConfig
 from ember.train import LearnerBuilder
 from ember.train.logger import MlflowMetricLogger, TensorBoardMetricLogger
 from ember.train.metric import AccuracyMetric, LossMetric
-from ember.train.run_record import read_hparams
+from ember.train.files.run_record import read_hparams
 
 
 class Kind(enum.Enum):

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.preemption is not None:
         builder = builder.preemption(args.preemption, requeue=args.requeue)
     if args.requeue_log is not None:  # instead of scontrol: the job id is written down
-        from ember.train import preemption
+        from ember.train.length import preemption
 
         log = Path(args.requeue_log)
         preemption.requeue_job = lambda job: log.write_text(job)

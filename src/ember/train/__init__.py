@@ -1,12 +1,12 @@
 """Training: the LearnerBuilder, the Learner, step protocols and outputs."""
 
-from ember.train.builder import LearnerBuilder
+from ember.train.build.builder import LearnerBuilder
 from ember.train.checkpoint import (
     ComposedCheckpointingStrategy,
     KeepLastNCheckpoints,
     MetricCheckpointingStrategy,
 )
-from ember.train.duration import Duration
+from ember.train.length.duration import Duration
 from ember.train.early_stopping import MetricEarlyStoppingStrategy
 from ember.train.evaluator import EvaluationInterrupted, Evaluator, EvaluatorBuilder
 from ember.train.events import (
@@ -19,7 +19,7 @@ from ember.train.events import (
     StartSplit,
     ValidPoint,
 )
-from ember.train.interrupter import Interrupter
+from ember.train.length.interrupter import Interrupter
 from ember.train.learner import Learner
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.output import (

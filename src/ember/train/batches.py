@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ember.data.device import first_dim
 from ember.errors import ConfigError, TrainingError
-from ember.train.position import Position
+from ember.train.length.position import Position
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from ember.train.batches import BatchPlanner, batch_size
 from ember.train.events import EndEpoch, ProcessedItem, StartSplit
 from ember.train.outcome import Outcome
 from ember.train.parallel import evaluation
-from ember.train.position import Position
+from ember.train.length.position import Position
 from ember.train.processor import MetricsProcessor
 from ember.train.step import call_step
 from ember.train.validation import early_stop, stop_at_point

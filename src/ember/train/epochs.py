@@ -13,11 +13,11 @@ from ember.errors import TrainingError
 from ember.train import epoch_end, stepping
 from ember.train.batches import BatchPlanner, EpochPlan, Step
 from ember.train.checkpoint.policy import Resume
-from ember.train.duration import crossed
+from ember.train.length.duration import crossed
 from ember.train.events import StartEpoch
 from ember.train.outcome import Outcome
 from ember.train.parallel import join
-from ember.train.position import Position
+from ember.train.length.position import Position
 from ember.train.processor import MetricsProcessor
 
 if TYPE_CHECKING:

@@ -33,24 +33,24 @@ import torch
 
 from ember.data.device import to_device
 from ember.errors import ConfigError, TrainingError
-from ember.train.artifacts import Artifacts
+from ember.train.files.artifacts import Artifacts
 from ember.train.batches import batch_size
-from ember.train.interrupter import Interrupter
+from ember.train.length.interrupter import Interrupter
 from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.base import MetricRecord
 from ember.train.metric.base import Metric, RegisteredMetric
-from ember.train.metric_files import (
+from ember.train.files.metric_files import (
     add_lines,
     format_value,
     matrix_file_name,
     metric_file_name,
     write_matrix,
 )
-from ember.train.plugins import check_plugin
+from ember.train.build.plugins import check_plugin
 from ember.train.prediction import concat_outputs, predict
 from ember.train.processor import MetricsProcessor
 from ember.train.renderer.base import Renderer, RunInfo
-from ember.train.signals import signal_handlers
+from ember.train.length.signals import signal_handlers
 from ember.train.step import call_step
 
 if TYPE_CHECKING:

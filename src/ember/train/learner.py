@@ -18,25 +18,25 @@ import torch
 
 from ember.errors import TrainingError
 from ember.train import epochs, lifecycle
-from ember.train.artifacts import Artifacts
+from ember.train.files.artifacts import Artifacts
 from ember.train.batches import BatchPlanner
 from ember.train.checkpoint.policy import CheckpointPolicy
 from ember.train.distributed import Distributed, setup, world_size
-from ember.train.duration import Counters, Duration
+from ember.train.length.duration import Counters, Duration
 from ember.train.evaluator import learner_evaluator
 from ember.train.flops import FlopCount
 from ember.train.guard import LossGuard
 from ember.train.history import RunHistory
-from ember.train.lock import RunLock
+from ember.train.files.lock import RunLock
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
 from ember.train.memory import memory_post_mortem, start_memory_history, stop_memory_history
 from ember.train.oom import RankSplit
-from ember.train.options import LearnerOptions
+from ember.train.build.options import LearnerOptions
 from ember.train.outcome import Outcome, StopReason
-from ember.train.position import Position
-from ember.train.run_length import RunLength
-from ember.train.signals import signal_handlers
+from ember.train.length.position import Position
+from ember.train.length.run_length import RunLength
+from ember.train.length.signals import signal_handlers
 from ember.train.smoke import SmokeReport, smoke_test
 from ember.train.step import check_steps
 from ember.train.validation import ValidationPoints

@@ -26,15 +26,15 @@ from ember.train.history import RunHistory
 from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.base import MetricLogger, RunStart, start_loggers
 from ember.train.logger.file import FileMetricLogger
-from ember.train.model_summary import summarize_model
+from ember.train.files.model_summary import summarize_model
 from ember.train.oom import RankSplit
 from ember.train.outcome import Outcome
 from ember.train.parallel import evaluation, parallelize
-from ember.train.position import Position
+from ember.train.length.position import Position
 from ember.train.preflight import check_not_empty, check_validation
 from ember.train.processor import MetricsProcessor
 from ember.train.renderer.silent import SilentRenderer
-from ember.train.run_record import end_session, record_start
+from ember.train.files.run_record import end_session, record_start
 
 if TYPE_CHECKING:
     from ember.train.learner import Learner

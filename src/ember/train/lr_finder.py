@@ -29,7 +29,7 @@ import torch
 from ember.data.device import describe, to_device
 from ember.errors import ConfigError, EmberError, TrainingError
 from ember.rng import capture_rng_state, restore_rng_state
-from ember.train.artifacts import Artifacts
+from ember.train.files.artifacts import Artifacts
 from ember.train.step import check_steps, check_train_output
 
 FORMAT = "ember-lr-find"

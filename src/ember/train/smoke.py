@@ -23,14 +23,14 @@ import torch
 
 from ember.errors import ConfigError, TrainingError
 from ember.rng import capture_rng_state, restore_rng_state
-from ember.train.artifacts import SPLITS, Artifacts
+from ember.train.files.artifacts import SPLITS, Artifacts
 from ember.train.checkpoint.file import FileCheckpointer
 from ember.train.checkpoint.strategy import KeepLastNCheckpoints
 from ember.train.events import ProcessedItem, ValidPoint
 from ember.train.history import RunHistory
-from ember.train.interrupter import Interrupter
-from ember.train.metric_files import read_metric_log
-from ember.train.options import LearnerOptions
+from ember.train.length.interrupter import Interrupter
+from ember.train.files.metric_files import read_metric_log
+from ember.train.build.options import LearnerOptions
 from ember.train.renderer.silent import SilentRenderer
 
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ember.errors import EmberError
-from ember.train.artifacts import SPLITS, Artifacts
+from ember.train.files.artifacts import SPLITS, Artifacts
 from ember.train.history import RunHistory
 from ember.train.metric.base import weighted_mean
-from ember.train.metric_files import format_value, metric_stem, read_metric_log
+from ember.train.files.metric_files import format_value, metric_stem, read_metric_log
 
 
 def epoch_values(

@@ -19,14 +19,14 @@ import torch
 
 from ember.data.device import to_device
 from ember.rng import capture_rng_state, restore_rng_state
-from ember.train.artifacts import Artifacts
+from ember.train.files.artifacts import Artifacts
 from ember.train.batches import BatchPlanner, Step, batch_size
-from ember.train.duration import Counters, Duration, crossed
+from ember.train.length.duration import Counters, Duration, crossed
 from ember.train.events import ValidPoint
 from ember.train.history import Points, RunHistory
 from ember.train.logger.base import MetricRecord
 from ember.train.metric.base import RegisteredMetric
-from ember.train.metric_files import add_lines, write_matrix
+from ember.train.files.metric_files import add_lines, write_matrix
 from ember.train.processor import MetricsProcessor
 from ember.train.step import call_step
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from ember.errors import TrainingError
-from ember.train.artifacts import (
+from ember.train.files.artifacts import (
     checkpoint_epochs,
     checkpoint_path,
     checkpoint_shard_path,

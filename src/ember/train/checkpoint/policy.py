@@ -17,7 +17,7 @@ from ember.train.checkpoint.base import Checkpointer
 from ember.train.checkpoint.resume import Resume, resume_point
 from ember.train.checkpoint.strategy import CheckpointingStrategy, apply_retention
 from ember.train.history import RunHistory
-from ember.train.position import Position
+from ember.train.length.position import Position
 
 log = logging.getLogger(__name__)
 

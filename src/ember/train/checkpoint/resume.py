@@ -7,7 +7,7 @@ from typing import Any
 
 from ember.errors import TrainingError
 from ember.train.checkpoint.base import PARTS, Checkpointer
-from ember.train.position import Position
+from ember.train.length.position import Position
 
 
 class Resume:

@@ -10,7 +10,7 @@ from typing import IO, Any, Sequence
 
 from ember.errors import EmberError
 from ember.train.logger.base import MetricRecord, RunStart
-from ember.train.metric_files import format_value, format_weight
+from ember.train.files.metric_files import format_value, format_weight
 
 CSV_HEADER = ("split", "epoch", "iteration", "metric", "value", "weight", "kind")
 

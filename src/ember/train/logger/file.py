@@ -11,7 +11,7 @@ from typing import IO, Sequence
 from ember.errors import EmberError
 from ember.train.logger.base import MetricRecord, RunStart
 from ember.train.metric.base import weighted_mean
-from ember.train.metric_files import (
+from ember.train.files.metric_files import (
     add_lines,
     format_value,
     format_weight,

@@ -181,7 +181,7 @@ def _hparam_values(hparams: Any) -> dict[str, Any]:
     (a list or None becomes its JSON text)."""
     import json
 
-    from ember.train.run_record import flatten_hparams
+    from ember.train.files.run_record import flatten_hparams
 
     return {
         key: value if isinstance(value, (bool, int, float, str)) else json.dumps(value)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import urlparse
 
 from ember.errors import EmberError
-from ember.train.artifacts import Artifacts
+from ember.train.files.artifacts import Artifacts
 from ember.train.logger._steps import GlobalSteps, ProcessMerge
 from ember.train.logger.base import MetricRecord, RunStart
 

@@ -24,7 +24,7 @@ from pathlib import PurePath
 from typing import Any, Mapping
 
 from ember.errors import ConfigError, EmberError
-from ember.train.artifacts import Artifacts
+from ember.train.files.artifacts import Artifacts
 
 log = logging.getLogger(__name__)
 SESSIONS_FORMAT = "ember-sessions"

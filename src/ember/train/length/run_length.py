@@ -21,8 +21,8 @@ import torch
 
 from ember.errors import TrainingError
 from ember.train.batches import BatchPlanner, Step, steps_to_reach
-from ember.train.duration import Counters, Duration, short_count
-from ember.train.position import Position
+from ember.train.length.duration import Counters, Duration, short_count
+from ember.train.length.position import Position
 
 
 class RunLength:

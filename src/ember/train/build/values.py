@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ember.errors import ConfigError
-from ember.train.duration import Duration
+from ember.train.length.duration import Duration
 
 
 def positive_int(value: Any, what: str) -> int:
@@ -19,7 +19,7 @@ def positive_int(value: Any, what: str) -> int:
 
 def duration_every(value: Any, what: str) -> Duration:
     """A cadence given as a `Duration` or its text, in steps, samples or tokens."""
-    from ember.train.duration import FORMS
+    from ember.train.length.duration import FORMS
 
     hint = (
         f"{what} takes a number of optimizer steps, an int >= 1, or a duration in steps, "
@@ -195,7 +195,7 @@ def checkpoint_interval(
     steps: int | None, minutes: float | None, count: Duration | None
 ) -> tuple[int | None, float | None]:
     """`checkpoint_every`'s optimizer steps and seconds (either may be None)."""
-    from ember.train.cadence import positive_number
+    from ember.train.length.cadence import positive_number
 
     if steps is None and minutes is None and count is None:
         raise ConfigError(
@@ -212,7 +212,7 @@ def checkpoint_interval(
 
 def time_limit(hours: Any, minutes: Any) -> float:
     """`max_time`'s limit in seconds."""
-    from ember.train.cadence import positive_number
+    from ember.train.length.cadence import positive_number
 
     for value, what in ((hours, "hours"), (minutes, "minutes")):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import torch
 
 from ember.errors import ConfigError
-from ember.train.artifacts import Artifacts
+from ember.train.files.artifacts import Artifacts
 from ember.train.checkpoint.file import FileCheckpointer, other_checkpoint_formats
 from ember.train.manual import check_automatic, check_manual
 from ember.train.step import check_steps
@@ -18,7 +18,7 @@ from ember.train.step import check_steps
 if TYPE_CHECKING:
     from ember.record.protocol import Recorder
     from ember.train.checkpoint.base import Checkpointer
-    from ember.train.duration import Duration
+    from ember.train.length.duration import Duration
     from ember.train.optimization import Optimization
     from ember.train.parallel import FsdpOptions
 

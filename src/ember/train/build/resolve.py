@@ -12,7 +12,7 @@ import torch
 
 from ember.errors import ConfigError
 from ember.lr.base import ConstantLr, LrDriver, StepsUnknown
-from ember.train.artifacts import Artifacts
+from ember.train.files.artifacts import Artifacts
 from ember.train.callbacks.base import Callbacks, Context
 from ember.train.checkpoint.file import FileCheckpointer
 from ember.train.checkpoint.strategy import (
@@ -28,7 +28,7 @@ from ember.train.optimization import Optimization
 if TYPE_CHECKING:
     from ember.record.protocol import Recorder
     from ember.train.checkpoint.base import Checkpointer
-    from ember.train.options import RegisteredMetric
+    from ember.train.build.options import RegisteredMetric
 
 
 # The device and the model -------------------------------------------------------
@@ -217,6 +217,6 @@ def run_cadence(every: tuple[int | None, float | None], max_time: float | None) 
     """This run's mid-epoch checkpoints and time limit (a `Cadence`), or None."""
     if every == (None, None) and max_time is None:
         return None
-    from ember.train.cadence import Cadence
+    from ember.train.length.cadence import Cadence
 
     return Cadence(*every, limit=max_time)

@@ -8,7 +8,7 @@ import threading
 from typing import Any, Iterator
 
 from ember.environment import in_notebook
-from ember.train.interrupter import Interrupter
+from ember.train.length.interrupter import Interrupter
 
 _SIGINT_MESSAGE = "interrupted by Ctrl-C (press it again to stop at once)"
 _SIGINT_MESSAGE_NOTEBOOK = "interrupted from the notebook (interrupt again to stop at once)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ember.train.duration import Counters
+from ember.train.length.duration import Counters
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ember.errors import EmberError, TrainingError
-from ember.train.metric_files import (
+from ember.train.files.metric_files import (
     _UNSAFE,
     matrix_file_name,
     metric_file_name,

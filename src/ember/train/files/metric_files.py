@@ -1,7 +1,7 @@
 """The files of a metric's values: the metric-line format and matrix files.
 
 A metric log (`<Metric>.log`) holds one `value,weight` line per iteration; a matrix
-metric's counts go to `<Metric>.json`. `ember.train.artifacts` places these files in
+metric's counts go to `<Metric>.json`. `ember.train.files.artifacts` places these files in
 the artifact directory.
 """
 

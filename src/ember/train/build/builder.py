@@ -10,7 +10,7 @@ import torch
 
 from ember.environment import from_environment
 from ember.errors import ConfigError
-from ember.train.build_checks import (
+from ember.train.build.checks import (
     check_checkpointing,
     check_device,
     check_micro_auto,
@@ -19,19 +19,19 @@ from ember.train.build_checks import (
     check_processes,
     check_resume,
 )
-from ember.train.builder_state import BuilderState
+from ember.train.build.state import BuilderState
 from ember.train.callbacks.base import check_callback, is_callback
 from ember.train.checkpoint.base import Checkpointer
 from ember.train.checkpoint.strategy import CheckpointingStrategy
 from ember.train.distributed import world_size
-from ember.train.duration import Duration
+from ember.train.length.duration import Duration
 from ember.train.early_stopping import EarlyStoppingStrategy, PruningStrategy
 from ember.train.events import Listener
-from ember.train.interrupter import Interrupter
+from ember.train.length.interrupter import Interrupter
 from ember.train.logger.base import MetricLogger
 from ember.train.metric.base import Metric
 from ember.train.optimization import check_mixed_precision
-from ember.train.option_values import (
+from ember.train.build.values import (
     batch_limit,
     check_accumulation,
     check_clipping,
@@ -48,11 +48,11 @@ from ember.train.option_values import (
     train_length,
     valid_cadence,
 )
-from ember.train.options import RegisteredMetric
+from ember.train.build.options import RegisteredMetric
 from ember.train.parallel import FsdpOptions, choose
-from ember.train.plugins import check_plugin
+from ember.train.build.plugins import check_plugin
 from ember.train.renderer.base import Renderer
-from ember.train.resolve import place_model, run_checkpointer, run_device
+from ember.train.build.resolve import place_model, run_checkpointer, run_device
 
 if TYPE_CHECKING:
     from ember.train.learner import Learner
@@ -143,7 +143,7 @@ class LearnerBuilder:
         `experiment.log`, and by the metric loggers that keep them (TensorBoard's
         HPARAMS table, MLflow params, W&B config). Values must be JSON values (paths
         and enums are converted); anything else is refused here, naming its key."""
-        from ember.train.run_record import to_hparams
+        from ember.train.files.run_record import to_hparams
 
         self._state.hparams = to_hparams(hparams)
         return self
@@ -377,7 +377,7 @@ class LearnerBuilder:
         SIGTERM, 138 for SIGUSR1): "preempted, requeue me". With `requeue=True` under
         SLURM (`SLURM_JOB_ID` set) rank 0 then runs `scontrol requeue $SLURM_JOB_ID`;
         with `checkpoint("auto")` the requeued job resumes where this one stopped."""
-        from ember.train.preemption import Preemption
+        from ember.train.length.preemption import Preemption
 
         self._state.preemption = Preemption.parse(signal, requeue)
         return self

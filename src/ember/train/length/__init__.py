@@ -1,0 +1,1 @@
+"""How long a run trains and when it stops: durations, run length, positions, cadence, signals."""
