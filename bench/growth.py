@@ -406,8 +406,8 @@ def part_dashboard() -> None:
 def part_plot(epochs: int, root: Path) -> None:
     from ember.plot import plot_run
     from ember.train.files.artifacts import Artifacts
-    from ember.train.history import RunHistory
     from ember.train.files.metric_files import format_line
+    from ember.train.history import RunHistory
 
     print(f"\n## ember plot on a run of {epochs:,} epochs (3 iterations each)\n")
     artifacts = Artifacts(root / "plotted")

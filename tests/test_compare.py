@@ -16,8 +16,8 @@ from ember.errors import EmberError
 from ember.optim import AdamConfig
 from ember.record import DefaultRecorder
 from ember.train import LearnerBuilder
-from ember.train.history import RunHistory
 from ember.train.files.lock import RunLock
+from ember.train.history import RunHistory
 from ember.train.metric import AccuracyMetric, LossMetric
 
 

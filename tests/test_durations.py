@@ -20,8 +20,8 @@ from ember.lr import CosineAnnealingLrSchedulerConfig
 from ember.optim import AdamConfig, SgdConfig
 from ember.record import DefaultRecorder
 from ember.train import ClassificationOutput, LearnerBuilder, ProcessedItem, TrainOutput
-from ember.train.length.duration import Duration, short_count
 from ember.train.history import RunHistory
+from ember.train.length.duration import Duration, short_count
 from ember.train.logger import read_metric_log
 from ember.train.metric import LossMetric
 from ember.train.renderer import PlainRenderer

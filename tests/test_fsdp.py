@@ -22,7 +22,7 @@ from ember.errors import ConfigError, TrainingError
 from ember.optim import AdamConfig
 from ember.record import DefaultRecorder
 from ember.train import LearnerBuilder
-from ember.train.batches import BatchPlanner
+from ember.train.length.batches import BatchPlanner
 from ember.train.parallel import FsdpOptions
 from ember.train.parallel.fsdp import _by_index, _by_name, units
 

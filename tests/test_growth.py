@@ -22,11 +22,11 @@ from ember.errors import EmberError
 from ember.optim import AdamConfig
 from ember.train import LearnerBuilder
 from ember.train.events import EndEpoch
+from ember.train.files.metric_files import read_metric_log
 from ember.train.history import RunHistory
 from ember.train.metric import LossMetric
 from ember.train.metric.base import MetricValue, RegisteredMetric, weighted_mean
 from ember.train.metric.state import ExactSum
-from ember.train.files.metric_files import read_metric_log
 from ember.train.processor import MetricsProcessor
 from ember.train.renderer.history import EpochValues, History
 from ember.train.renderer.state import RunTracker

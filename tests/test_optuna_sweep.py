@@ -11,8 +11,8 @@ from ember_testing import load_example
 
 from ember.errors import EmberError
 from ember.integrations.optuna import OptunaPruning
-from ember.train.history import RunHistory
 from ember.train.files.run_record import read_hparams
+from ember.train.history import RunHistory
 
 ROOT = Path(__file__).resolve().parents[1]
 

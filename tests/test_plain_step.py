@@ -1,6 +1,6 @@
 """A step of one batch with nothing around its forward and backward takes the loop's
-short path (`stepping.run_plain_step`); a run that takes it trains exactly as one whose
-listener keeps every step on the general path (`stepping.run_step`): the same weights,
+short path (`Stepper.plain_step`); a run that takes it trains exactly as one whose
+listener keeps every step on the general path (`Stepper.step`): the same weights,
 the same metric files, the same epoch values."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import torch
 from ember_testing import BlobBatcher, BlobDataset, Classifier
 
 from ember.data import DataLoaderBuilder
-from ember.train import LearnerBuilder, stepping
+from ember.train import LearnerBuilder
+from ember.train.fit.stepper import Stepper
 from ember.train.metric import AccuracyMetric, LossMetric
 from ember.train.renderer import PlainRenderer
 
@@ -49,7 +50,7 @@ def fit(directory, listener: bool):
 @pytest.fixture
 def counted(monkeypatch):
     calls = {"plain": 0, "general": 0}
-    plain, general = stepping.run_plain_step, stepping.run_step
+    plain, general = Stepper.plain_step, Stepper.step
 
     def run_plain_step(*args, **kwargs):
         calls["plain"] += 1
@@ -59,8 +60,8 @@ def counted(monkeypatch):
         calls["general"] += 1
         return general(*args, **kwargs)
 
-    monkeypatch.setattr(stepping, "run_plain_step", run_plain_step)
-    monkeypatch.setattr(stepping, "run_step", run_step)
+    monkeypatch.setattr(Stepper, "plain_step", run_plain_step)
+    monkeypatch.setattr(Stepper, "step", run_step)
     return calls
 
 

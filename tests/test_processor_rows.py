@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
+from ember.train.files.metric_files import add_lines, format_line
 from ember.train.logger.base import MetricRecord
 from ember.train.metric.base import MetricValue, RegisteredMetric
-from ember.train.files.metric_files import add_lines, format_line
 from ember.train.processor import MetricsProcessor
 
 

@@ -9,8 +9,8 @@ from ember_testing import Classifier
 
 from ember.optim import AdamConfig
 from ember.train import LearnerBuilder
-from ember.train.metric import AccuracyMetric, LossMetric
 from ember.train.files.model_summary import ModelSummary
+from ember.train.metric import AccuracyMetric, LossMetric
 from ember.train.renderer import PlainRenderer
 
 

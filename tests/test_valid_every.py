@@ -223,8 +223,8 @@ def test_two_processes_validate_at_the_same_points_as_one(tmp_path, strategy):
 
 
 def test_a_matrix_metric_saves_its_counts_at_each_point(tmp_path, loaders):
-    from ember.train.metric import ConfusionMatrixMetric
     from ember.train.files.metric_files import read_matrix
+    from ember.train.metric import ConfusionMatrixMetric
 
     ember.seed(3)
     learner = (

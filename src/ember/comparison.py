@@ -29,10 +29,10 @@ from typing import Any, Iterable, Sequence
 
 from ember.errors import EmberError
 from ember.train.files.artifacts import SPLITS, Artifacts
-from ember.train.history import RunHistory
 from ember.train.files.lock import read_lock
 from ember.train.files.metric_files import metric_stem
 from ember.train.files.run_record import flatten_hparams, read_hparams, read_sessions, wall_time
+from ember.train.history import RunHistory
 from ember.train.summary import epoch_values
 
 HIGHER_IS_BETTER: tuple[str, ...] = (

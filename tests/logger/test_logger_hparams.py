@@ -20,9 +20,9 @@ from ember import Config
 from ember.errors import ConfigError
 from ember.optim import AdamConfig
 from ember.train import LearnerBuilder
+from ember.train.files.run_record import read_hparams
 from ember.train.logger import MlflowMetricLogger, TensorBoardMetricLogger
 from ember.train.metric import AccuracyMetric, LossMetric
-from ember.train.files.run_record import read_hparams
 
 
 class Kind(enum.Enum):

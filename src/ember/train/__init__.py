@@ -6,7 +6,6 @@ from ember.train.checkpoint import (
     KeepLastNCheckpoints,
     MetricCheckpointingStrategy,
 )
-from ember.train.length.duration import Duration
 from ember.train.early_stopping import MetricEarlyStoppingStrategy
 from ember.train.evaluator import EvaluationInterrupted, Evaluator, EvaluatorBuilder
 from ember.train.events import (
@@ -19,8 +18,9 @@ from ember.train.events import (
     StartSplit,
     ValidPoint,
 )
-from ember.train.length.interrupter import Interrupter
 from ember.train.learner import Learner
+from ember.train.length.duration import Duration
+from ember.train.length.interrupter import Interrupter
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.output import (
     ClassificationOutput,

@@ -8,30 +8,36 @@ from typing import Any
 import torch
 
 from ember.data.device import describe
+from ember.train.length.run_length import RunLength
+from ember.train.optimization import Optimization
+from ember.train.options import LearnerOptions
 from ember.train.renderer.base import RunInfo
 
 __all__ = ["describe", "describe_run", "run_info"]
 
 
-def run_info(learner: Any, start: Any) -> RunInfo:
+def run_info(
+    options: LearnerOptions, model: Any, num_epochs: int, dist: Any, start: Any
+) -> RunInfo:
     """What the renderers know of a run that starts at `start` (a `Position`)."""
+    devices = options.devices
     return RunInfo(
-        artifact_dir=str(learner.artifact_dir),
+        artifact_dir=str(options.artifact_dir),
         start_epoch=start.epoch,
         resumed=not start.fresh,
         start_iteration=start.iteration,
-        num_epochs=learner.num_epochs,
-        model_name=model_name(learner.model),
-        num_parameters=sum(p.numel() for p in learner.model.parameters()),
-        devices=tuple(str(d) for d in learner.devices)
-        if learner.dist is not None and learner.devices and len(learner.devices) > 1
-        else (str(learner.device),),
+        num_epochs=num_epochs,
+        model_name=model_name(model),
+        num_parameters=sum(p.numel() for p in model.parameters()),
+        devices=tuple(str(d) for d in devices)
+        if dist is not None and devices and len(devices) > 1
+        else (str(options.device),),
         metrics=tuple(
             (split, entry.name, entry.unit, entry.numeric)
-            for split, entries in learner.metrics.items()
+            for split, entries in options.metrics.items()
             for entry in entries
         ),
-        interrupter=learner.interrupter,
+        interrupter=options.interrupter,
     )
 
 
@@ -43,13 +49,14 @@ def model_name(model: Any) -> str:
     return kind.__name__
 
 
-def describe_run(learner: Any, info: RunInfo) -> str:
+def describe_run(
+    options: LearnerOptions, optim: Optimization, dist: Any, length: RunLength, info: RunInfo
+) -> str:
     """The first line of experiment.log: what is trained, where and how."""
     names = {
         split: ", ".join(entry.name for entry in entries) or "none"
-        for split, entries in learner.metrics.items()
+        for split, entries in options.metrics.items()
     }
-    optim = learner.optim
     extras = []
     if optim.mixed_precision:
         extras.append(f"mixed precision {optim.mixed_precision}")
@@ -57,35 +64,33 @@ def describe_run(learner: Any, info: RunInfo) -> str:
         extras.append(f"gradient norm clipped at {optim.clip_norm}")
     if optim.clip_value is not None:
         extras.append(f"gradient values clipped at {optim.clip_value}")
-    recomputed = learner.options.activation_checkpointing
+    recomputed = options.activation_checkpointing
     if recomputed:
         classes = ", ".join(kind.__name__ for kind in recomputed)
         extras.append(f"activation checkpointing ({classes})")
-    compiled = learner.options.compile
+    compiled = options.compile
     if compiled is not None:
-        options = ", ".join(f"{key}={value!r}" for key, value in compiled.items())
-        extras.append(f"compiled ({options or 'torch.compile defaults'})")
-    every = learner.options.valid_every
+        given = ", ".join(f"{key}={value!r}" for key, value in compiled.items())
+        extras.append(f"compiled ({given or 'torch.compile defaults'})")
+    every = options.valid_every
     if every is not None:
         unit = "optimizer steps" if isinstance(every, int) else ""
         extras.append(f"validation every {every} {unit}".rstrip())
-    for split, limit in zip(("train", "valid"), learner.options.limit_batches):
+    for split, limit in zip(("train", "valid"), options.limit_batches):
         if limit is not None:
             share = f"{limit:.0%}" if isinstance(limit, float) else str(limit)
             extras.append(f"{split} limited to {share} of the batches of each epoch")
-    dist = learner.dist
     if dist is not None:
         extras.append(f"{dist.world} processes ({dist.backend}), rank 0 writes the artifacts")
-    fsdp = learner.options.fsdp
+    fsdp = options.fsdp
     if dist is not None and fsdp is not None:
         extras.append(f"parameters sharded (FSDP; {fsdp.describe()})")
-    length = getattr(learner, "train_for", None)
-    if length is not None:  # the epochs shown are where the length should end
-        extras.insert(0, f"training for {length} ({learner.progress_text()} done)")
-    accumulation = str(learner.grads_accumulation)
-    split = optim.micro_split
-    if split is not None:
-        accumulation = "auto" + (f" (batches in {split})" if split > 1 else "")
+    if length.train_for is not None:  # the epochs shown are where the length should end
+        extras.insert(0, f"training for {length.train_for} ({length.progress_text()} done)")
+    accumulation = str(options.grads_accumulation)
+    micro = optim.micro_split
+    if micro is not None:
+        accumulation = "auto" + (f" (batches in {micro})" if micro > 1 else "")
     return (
         f"Training {info.model_name} ({info.num_parameters:,} parameters) on "
         f"{', '.join(info.devices)}: epochs {info.start_epoch} to {info.num_epochs}, optimizer "

@@ -27,18 +27,12 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Sequence
 
 import torch
 
-from ember.data.device import to_device
 from ember.errors import ConfigError, TrainingError
 from ember.train.files.artifacts import Artifacts
-from ember.train.batches import batch_size
-from ember.train.length.interrupter import Interrupter
-from ember.train.logger.application import FileApplicationLogger
-from ember.train.logger.base import MetricRecord
-from ember.train.metric.base import Metric, RegisteredMetric
 from ember.train.files.metric_files import (
     add_lines,
     format_value,
@@ -46,15 +40,17 @@ from ember.train.files.metric_files import (
     metric_file_name,
     write_matrix,
 )
-from ember.train.build.plugins import check_plugin
+from ember.train.fit.evaluation import evaluating, run_pass
+from ember.train.length.interrupter import Interrupter
+from ember.train.length.signals import signal_handlers
+from ember.train.logger.application import FileApplicationLogger
+from ember.train.logger.base import MetricRecord
+from ember.train.metric.base import Metric, RegisteredMetric
+from ember.train.options import LearnerOptions
+from ember.train.plugins import check_plugin
 from ember.train.prediction import concat_outputs, predict
 from ember.train.processor import MetricsProcessor
 from ember.train.renderer.base import Renderer, RunInfo
-from ember.train.length.signals import signal_handlers
-from ember.train.step import call_step
-
-if TYPE_CHECKING:
-    from ember.train.learner import Learner
 
 __all__ = ["EvaluationInterrupted", "Evaluator", "EvaluatorBuilder", "concat_outputs"]
 
@@ -257,30 +253,25 @@ class Evaluator:
         (None when a stop came first), the items and the batches seen."""
         total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
         processor.start_split(SPLIT, 1, total)
-        training = self.model.training
-        self.model.eval()
-        items = batches = 0
-        try:
-            with torch.inference_mode(), self._autocast():
-                for iteration, batch in enumerate(loader, start=1):
-                    if self.device.type != "cpu":
-                        batch = to_device(batch, self.device)
-                    item = call_step(step, batch, step_name, 1, iteration)
-                    if iteration == 1:
-                        processor.check(SPLIT, item)
-                    size = batch_size(batch)
-                    processor.update(item, iteration, size, None)
-                    items, batches = items + size, iteration
-                    if self.interrupter.should_stop():
-                        return None, items, batches
-            if batches == 0:
-                raise TrainingError(
-                    "The evaluation data loader yielded no batch: check that its dataset is "
-                    "not empty."
-                )
-            return processor.end_split(), items, batches
-        finally:
-            self.model.train(training)
+        with evaluating(self.model, torch.inference_mode, self._autocast):
+            seen = run_pass(
+                step,
+                step_name,
+                loader,
+                processor,
+                SPLIT,
+                1,
+                self.device,
+                check=True,
+                stop=self.interrupter.should_stop,
+            )
+        if seen.stopped:
+            return None, seen.items, seen.batches
+        if seen.batches == 0:
+            raise TrainingError(
+                "The evaluation data loader yielded no batch: check that its dataset is not empty."
+            )
+        return processor.end_split(), seen.items, seen.batches
 
     def _step(self) -> tuple[Any, str]:
         for name in ("test_step", "valid_step"):
@@ -370,27 +361,27 @@ class _EvaluationLogger:
         self._files.clear()
 
 
-def learner_evaluator(learner: Learner) -> Evaluator:
+def learner_evaluator(options: LearnerOptions) -> Evaluator:
     """An evaluator of a learner's model with its settings (`Learner.evaluate`,
     `Learner.predict`): its device, artifact directory, validation metrics (the
     training ones when it has none), renderer and mixed precision. It has an
     interrupter of its own: a stop that ended `fit` (and sets `exit_code`) does not
     stop it."""
-    if learner.options.fsdp is not None:
+    if options.fsdp is not None:
         raise TrainingError(
             "evaluate() and predict() need the whole model, and under FSDP each process "
             "held a shard of it until fit() ended. Load the trained weights into a plain "
             "model (model.load_state_dict(learner.model_state_dict()) on rank 0, or the "
             "last checkpoint with recorder.load(model, path)) and use an Evaluator."
         )
-    metrics = learner.metrics.get("valid") or learner.metrics.get("train") or ()
+    metrics = options.metrics.get("valid") or options.metrics.get("train") or ()
     return Evaluator(
-        learner.model,
-        learner.device,
-        learner.artifact_dir,
+        options.model,
+        options.device,
+        options.artifact_dir,
         metrics,
-        learner.renderer,
-        summary=learner.options.summary,
+        options.renderer,
+        summary=options.summary,
         interrupter=Interrupter(),
-        autocast=learner.optim.autocast,
+        autocast=options.optimization.autocast,
     )

@@ -1,12 +1,11 @@
 """`Learner`: a configured run, and `Learner.fit`, the training loop from the top.
 
-fit -> prepare and start (`lifecycle.py`) -> the epochs (`epochs.py`: each train
-epoch takes every optimizer step of the epoch's batch plan, `batches.py`, and runs
-it, `stepping.py`) -> validation and the epoch's end (`epoch_end.py`) -> close. The
-learner holds the run's state; checkpoints (`checkpoint/policy.py`), the artifact
-directory (`artifacts.py`) and the epoch history (`history.py`) have owners of their
-own; metrics, loggers, the renderer and listeners only receive what the loop hands
-them. After `fit`: `evaluate`, `predict`, `lr_find`, `smoke_test`.
+fit = the run lock + the process group + `fit/prepare.py` (the fit's parts and state)
++ `fit/loop.py` (the epochs: each train epoch takes every optimizer step of the
+epoch's batch plan with `fit/stepper.py`, then validates and ends in
+`fit/epoch_end.py`) + `fit/finish.py` (close). The learner keeps what lasts across
+its verbs (`Lasting`) and the fit's state (`FitState`), which it shows through
+read-only properties; after `fit`: `evaluate`, `predict`, `lr_find`, `smoke_test`.
 """
 
 from __future__ import annotations
@@ -17,29 +16,32 @@ from typing import Any, Iterable
 import torch
 
 from ember.errors import TrainingError
-from ember.train import epochs, lifecycle
-from ember.train.files.artifacts import Artifacts
-from ember.train.batches import BatchPlanner
 from ember.train.checkpoint.policy import CheckpointPolicy
 from ember.train.distributed import Distributed, setup, world_size
-from ember.train.length.duration import Counters, Duration
 from ember.train.evaluator import learner_evaluator
+from ember.train.files.artifacts import Artifacts
+from ember.train.files.lock import RunLock
+from ember.train.fit.finish import close, failure, print_summary
+from ember.train.fit.loop import TrainLoop
+from ember.train.fit.parts import Lasting
+from ember.train.fit.points import ValidationPoints
+from ember.train.fit.prepare import prepare, start
+from ember.train.fit.state import FitState
 from ember.train.flops import FlopCount
 from ember.train.guard import LossGuard
 from ember.train.history import RunHistory
-from ember.train.files.lock import RunLock
-from ember.train.lr_finder import LrFinderResult, lr_find
-from ember.train.manual import ManualOptimization, StepContext
-from ember.train.memory import memory_post_mortem, start_memory_history, stop_memory_history
-from ember.train.oom import RankSplit
-from ember.train.build.options import LearnerOptions
-from ember.train.outcome import Outcome, StopReason
+from ember.train.length.batches import BatchPlanner
+from ember.train.length.duration import Counters, Duration
 from ember.train.length.position import Position
 from ember.train.length.run_length import RunLength
 from ember.train.length.signals import signal_handlers
+from ember.train.lr_finder import LrFinderResult, lr_find
+from ember.train.manual import ManualOptimization, StepContext
+from ember.train.memory import memory_post_mortem, start_memory_history, stop_memory_history
+from ember.train.options import LearnerOptions
+from ember.train.outcome import Outcome, StopReason
 from ember.train.smoke import SmokeReport, smoke_test
 from ember.train.step import check_steps
-from ember.train.validation import ValidationPoints
 
 log = logging.getLogger(__name__)
 EpochValues = dict[str, dict[str, float]]
@@ -58,85 +60,68 @@ class Learner:
         self.device = options.device
         self.devices = list(options.devices) if options.devices is not None else None
         self.artifact_dir = options.artifact_dir
-        self.artifacts = Artifacts(options.artifact_dir)
-        self.num_epochs = options.num_epochs
         self.metrics = options.metrics
         self.renderer = options.renderer
-        self.grads_accumulation = options.grads_accumulation
         self.interrupter = options.interrupter
-        self.listeners = options.listeners
-        self.run_history = RunHistory()
-        self.checkpoints = CheckpointPolicy(
+        history = RunHistory()
+        checkpoints = CheckpointPolicy(
             options.checkpointer,
             options.strategy,
             options.resume_from,
             options.on_checkpoint_error,
-            self.run_history,
+            history,
             options.resume_hyperparameters,
         )
+        artifacts = Artifacts(options.artifact_dir)
         self.guard = LossGuard(
-            options.nonfinite_loss, self.device, last_checkpoint=self.checkpoints.last_good
+            options.nonfinite_loss, self.device, last_checkpoint=checkpoints.last_good
         )
-        self.flops = FlopCount(
-            (entry.metric for entry in self.metrics.get("train", ())),
-            self.model,
-            self.device,
-            self.optim.mixed_precision,
-        )
-        """The FLOPs of one training sample, counted on the first batch for the metrics
-        that need them (`ThroughputMetric("mfu")`)."""
-        self.points = (
-            ValidationPoints(
+        self.kit = Lasting(
+            options=options,
+            artifacts=artifacts,
+            history=history,
+            checkpoints=checkpoints,
+            guard=self.guard,
+            flops=FlopCount(
+                (entry.metric for entry in self.metrics.get("train", ())),
+                self.model,
+                self.device,
+                self.optim.mixed_precision,
+            ),
+            points=ValidationPoints(
                 options.valid_every,
                 options.grads_accumulation,
                 options.metrics.get("valid", ()),
-                options.num_epochs,
-                self.artifacts,
-                self.run_history,
+                artifacts,
+                history,
                 self.optim.autocast,
             )
             if options.valid_every is not None
-            else None
+            else None,
+            manual=StepContext(self.optim, self.guard)
+            if isinstance(self.optim, ManualOptimization)
+            else None,
+            length=RunLength(
+                options.train_for,
+                options.num_epochs,
+                (options.valid_every, options.checkpoint_every),
+            ),
         )
-        self._early_stop: Outcome | None = None
-        self.dist: Distributed | None = None
-        self._ddp: Any = None
-        self._ranks: RankSplit | None = None
-        """grads_accumulation("auto") on several processes: their agreement."""
+        """What lasts across `fit` and the verbs after it."""
+        self._state = FitState(options.num_epochs, self.kit.length)
+        self._outcome: Outcome | None = None
         self._whole: dict[str, Any] | None = None
-        self._move = self.device.type != "cpu"  # batches from a DataLoader are on the CPU
-        self._manual: StepContext | None = None
-        if isinstance(self.optim, ManualOptimization):
-            self._manual = StepContext(self.optim, self.guard)
-        self.epoch = 0
-        self.iteration = 0
-        self.items = 0
-        self.length = RunLength(
-            options.train_for,
-            options.num_epochs,
-            (options.valid_every, options.checkpoint_every),
-        )
-        """The run's length (`train_for`, else `num_epochs` epochs) and its counters."""
-        self._final_state: tuple[Any, Any] | None = None
-        """Metric log lines and states of an epoch the run's length ended inside."""
-        self.skipped_steps = 0
-        """Optimizer steps skipped for a non-finite loss in this run (`nonfinite_loss("skip")`)."""
-        self._token_mean = False
-        """The steps' losses are means over tokens: each batch's gradient is weighted by them."""
-        self._output_checked = False
         self._fitted = False
-        self._run_lock: RunLock | None = None
-        self.steps_per_epoch: int | None = None
-        """Optimizer steps per epoch (every process, gradient accumulation counted), set
-        when `fit` starts; `steps(train)` tells it before."""
-        self.total_steps: int | None = None
-        """Optimizer steps of the whole run (`steps_per_epoch * num_epochs`)."""
-        self.outcome: Outcome | None = None
+
+    # What a fit shows -------------------------------------------------------------
+    @property
+    def outcome(self) -> Outcome | None:
         """After `fit`: "completed", "stopped: <why>", "stopped early: <why>" or "pruned:
         <why>" (`LearnerBuilder.pruning`); "failed" ("failed: the loss is NaN ...") or
         "interrupted" (a second Ctrl-C) when `fit` raised. An `Outcome`: the text, with
         its `reason` (a `StopReason`) and, after early stopping, `early_stop` (the rule
         that fired and its values)."""
+        return self._outcome
 
     @property
     def exit_code(self) -> int:
@@ -144,7 +129,59 @@ class Learner:
         completed, stopped early or was stopped by a request (the dashboard, code);
         128 + the signal number when a signal stopped it (143 for SIGTERM, 130 for
         Ctrl-C), so a job scheduler sees a preemption; 1 when it failed."""
-        return 1 if self.outcome is None else self.outcome.exit_code
+        return 1 if self._outcome is None else self._outcome.exit_code
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the run is in (after `fit`: its last)."""
+        return self._state.epoch
+
+    @property
+    def iteration(self) -> int:
+        """The batches done in the current epoch."""
+        return self._state.iteration
+
+    @property
+    def num_epochs(self) -> int:
+        """The run's epochs (for a length in steps, samples or tokens: the epoch it
+        should end in, set when `fit` starts)."""
+        return self._state.num_epochs
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Optimizer steps per epoch (every process, gradient accumulation counted), set
+        when `fit` starts; `steps(train)` tells it before."""
+        return self._state.steps_per_epoch
+
+    @property
+    def total_steps(self) -> int | None:
+        """Optimizer steps of the whole run (`steps_per_epoch * num_epochs`)."""
+        return self._state.total_steps
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped for a non-finite loss in this run (`nonfinite_loss("skip")`)."""
+        return self._state.skipped_steps
+
+    @property
+    def train_for(self) -> Duration | None:
+        """The run's length in steps, samples or tokens (None: `num_epochs` epochs)."""
+        return self.kit.length.train_for
+
+    @property
+    def counters(self) -> Counters:
+        """The optimizer steps, samples and tokens (every process's) of the run so far."""
+        return self.kit.length.counters
+
+    @property
+    def history(self) -> list[tuple[int, EpochValues]]:
+        """Every completed epoch as `(epoch, {split: {metric: epoch value}})`."""
+        return self.kit.history.entries()
+
+    def progress_text(self) -> str:
+        """The run's progress in the unit of its length, e.g. "samples 1.2M/5M" (empty
+        for a length in epochs)."""
+        return self.kit.length.progress_text()
 
     def steps(self, train: Iterable[Any]) -> tuple[int | None, int | None]:
         """`(steps_per_epoch, total_steps)` that `fit(train, ...)` will take: optimizer
@@ -157,29 +194,9 @@ class Learner:
         world = world_size(self.devices)
         shard = (0, world) if world > 1 else None
         limit = self.options.limit_batches[0]
-        planner = BatchPlanner(train, self.grads_accumulation, shard, limit)
+        planner = BatchPlanner(train, self.options.grads_accumulation, shard, limit)
         per_epoch = planner.steps_per_epoch()
-        return per_epoch, self.length.steps(planner, per_epoch, Position(1, fresh=True))[0]
-
-    @property
-    def train_for(self) -> Duration | None:
-        """The run's length in steps, samples or tokens (None: `num_epochs` epochs)."""
-        return self.length.train_for
-
-    @property
-    def counters(self) -> Counters:
-        """The optimizer steps, samples and tokens (every process's) of the run so far."""
-        return self.length.counters
-
-    def progress_text(self) -> str:
-        """The run's progress in the unit of its length, e.g. "samples 1.2M/5M" (empty
-        for a length in epochs)."""
-        return self.length.progress_text()
-
-    @property
-    def history(self) -> list[tuple[int, EpochValues]]:
-        """Every completed epoch as `(epoch, {split: {metric: epoch value}})`."""
-        return self.run_history.entries()
+        return per_epoch, self.kit.length.steps(planner, per_epoch, Position(1, fresh=True))[0]
 
     # The run ---------------------------------------------------------------------
     def fit(
@@ -198,70 +215,73 @@ class Learner:
                 "one with the same builder (add checkpoint('latest') to continue this run)."
             )
         self._fitted = True
+        kit = self.kit
         if valid is not None:
             check_steps(self.model, ("valid_step",))
-        elif self.points is not None:
+        elif kit.points is not None:
             raise TrainingError(
-                f"valid_every({self.points.every}) validates inside each epoch on the validation "
+                f"valid_every({kit.points.every}) validates inside each epoch on the validation "
                 "data, but fit() got none: pass it as fit(train, valid), or leave valid_every out."
             )
         if restore_best:
-            self.checkpoints.check_restore_best(self.metrics)
-        self.dist = setup(self.devices, self.options.distributed_timeout)
-        main = self.dist is None or self.dist.main
-        lock = RunLock(self.artifacts.lock) if main else None
-        self._run_lock = lock
+            kit.checkpoints.check_restore_best(self.metrics)
+        dist = setup(self.devices, self.options.distributed_timeout)
+        lock = RunLock(kit.artifacts.lock) if dist is None or dist.main else None
         failed = True
         try:
             if lock is not None:
-                self.artifacts.check_writable()
+                kit.artifacts.check_writable()
                 lock.acquire()
-            model = self._run(train, valid, restore_best)
+            model = self._run(train, valid, restore_best, dist, lock)
             failed = False
             return model
         except BaseException as error:
-            waits = (
-                isinstance(error, Exception) and self.dist is not None and bool(self.dist.children)
-            )
-            report = self.dist.failures(wait=5.0 if waits else 0.0) if self.dist is not None else ""
+            waits = isinstance(error, Exception) and dist is not None and bool(dist.children)
+            report = dist.failures(wait=5.0 if waits else 0.0) if dist is not None else ""
             if report:
-                assert self.dist is not None
+                assert dist is not None
                 stopped = TrainingError(f"Training stopped because another rank failed. {report}")
-                self.dist.tell_on_sigterm(stopped)
+                dist.tell_on_sigterm(stopped)
                 raise stopped from error
             raise
         finally:
             if lock is not None:
                 lock.release()
-            if self.dist is not None:
-                self.dist.close(failed)
+            if dist is not None:
+                dist.close(failed)
 
     def _run(
-        self, train: Iterable[Any], valid: Iterable[Any] | None, restore_best: bool
+        self,
+        train: Iterable[Any],
+        valid: Iterable[Any] | None,
+        restore_best: bool,
+        dist: Distributed | None,
+        lock: RunLock | None,
     ) -> torch.nn.Module:
         """Prepare (nothing on disk changes before the resumed state loads), start,
         train every epoch, end; the loggers, the renderer and the log always close."""
-        run = lifecycle.prepare(self, train, valid)
+        state, options = self._state, self.options
+        parts, notes = prepare(self.kit, state, train, valid, dist, lock)
         reason: Outcome | str = "failed"
-        recording = self.options.memory_history
+        recording = options.memory_history
         if recording is not None:
             start_memory_history(recording)
         try:
-            with signal_handlers(self.interrupter, self.options.preemption):
-                if self.options.cadence is not None:
-                    self.options.cadence.start()  # max_time counts from here
-                processor = lifecycle.start(self, run, valid)
-                self._hook("on_fit_start", run.resume.position.epoch)
-                reason = epochs.run_epochs(self, processor, run.train, run.valid, run.resume)
-                self._hook("on_fit_end", self.epoch)
-                self.checkpoints.finish()  # the last checkpoint is on disk, or the run failed
-            self.outcome = reason
-            log.info("Training %s after epoch %d.", reason, self.epoch)
-            if self.options.preemption is not None:  # requeue a preempted SLURM job
+            with signal_handlers(options.interrupter, options.preemption):
+                if options.cadence is not None:
+                    options.cadence.start()  # max_time counts from here
+                start(parts, state, notes, valid)
+                parts.events.hook("on_fit_start", parts.resume.position.epoch)
+                reason = TrainLoop(parts, state).run()
+                parts.events.hook("on_fit_end", state.epoch)
+                parts.checkpoints.finish()  # the last checkpoint is on disk, or the run failed
+            self._outcome = reason
+            log.info("Training %s after epoch %d.", reason, state.epoch)
+            if options.preemption is not None:  # requeue a preempted SLURM job
                 again = (StopReason.PREEMPTED, StopReason.TIME_LIMIT)
                 unfinished = isinstance(reason, Outcome) and reason.reason in again
-                self.options.preemption.after(unfinished, run.main)
-            skipped = self.skipped_steps + (self._manual.skipped if self._manual else 0)
+                options.preemption.after(unfinished, parts.main)
+            skipped = state.skipped_steps + (parts.manual.skipped if parts.manual else 0)
             if skipped:
                 log.info(
                     "Skipped %d optimizer step%s with a non-finite loss (nonfinite_loss('skip')).",
@@ -269,34 +289,23 @@ class Learner:
                     "" if skipped == 1 else "s",
                 )
             if restore_best:
-                self.checkpoints.restore_best(self.model, self.dist)
-            if self.dist is not None and self.dist.sharding is not None:
-                self._whole = self.dist.sharding.gathered_model()  # before the group closes
-            if self.options.summary and run.main:
-                lifecycle.print_summary(self)
+                parts.checkpoints.restore_best(self.model, dist)
+            if dist is not None and dist.sharding is not None:
+                self._whole = dist.sharding.gathered_model()  # before the group closes
+            if options.summary and parts.main:
+                print_summary(parts, reason)
         except BaseException as error:
             if recording is not None and isinstance(error, torch.OutOfMemoryError):
-                rank = self.dist.rank if self.dist is not None else 0
-                memory_post_mortem(error, self.artifacts.memory_snapshot(rank))
-            reason = self.outcome = lifecycle.failure(self, error)
+                rank = dist.rank if dist is not None else 0
+                memory_post_mortem(error, self.kit.artifacts.memory_snapshot(rank))
+            reason = self._outcome = failure(state, dist, error)
             raise
         finally:
             if recording is not None:
                 stop_memory_history()
-            lifecycle.close(self, run.loggers, run.renderer, reason)
-            run.app_log.uninstall()
+            close(parts, state, reason)
+            parts.app_log.uninstall()
         return self.model
-
-    # What the epochs call (`epochs.py`, `epoch_end.py`, `stepping.py`) -------------
-    def _hook(self, name: str, epoch: int) -> None:
-        """Call a callback hook of the run's epochs and splits (none without callbacks)."""
-        if self.callbacks is not None and self.callbacks.has(name):
-            self.callbacks.ctx.epoch = epoch
-            self.callbacks.call(name)
-
-    def _emit(self, event: Any) -> None:
-        for listener in self.listeners:
-            listener.on_event(event)
 
     # After the run ---------------------------------------------------------------
     def model_state_dict(self) -> dict[str, Any]:
@@ -311,8 +320,8 @@ class Learner:
         """Evaluate the model (after `fit`: the trained one) on `loader` as
         `Evaluator.eval` does, on the learner's device, into its artifact directory
         (`test/<name>/`), with its validation metrics (the training ones when it has
-        none); return `{metric: value}` over the whole set."""
-        return learner_evaluator(self).eval(name, loader)
+        none); returns `{metric: value}` over the whole set."""
+        return learner_evaluator(self.options).eval(name, loader)
 
     def lr_find(self, train: Iterable[Any], **options: Any) -> LrFinderResult:
         """The learning-rate range test on `train` (see `ember.train.lr_finder.lr_find` for
@@ -333,9 +342,9 @@ class Learner:
         files, a checkpoint written and loaded back) in a temporary directory, leaving
         this learner, its model, optimizer and schedule as they were; return (and print)
         what ran, or raise `SmokeTestError` naming the part that fails."""
-        return smoke_test(self, train, valid, batches=batches, echo=echo)
+        return smoke_test(self.options, type(self), train, valid, batches=batches, echo=echo)
 
     def predict(self, loader: Iterable[Any]) -> Any:
         """The model's outputs over `loader`, on the CPU, concatenated along the first
         dimension, as `Evaluator.predict` returns them."""
-        return learner_evaluator(self).predict(loader)
+        return learner_evaluator(self.options).predict(loader)

@@ -227,7 +227,7 @@ class StepContext:
             self._tainted.clear()
         callbacks = self._optim.callbacks
         if callbacks is not None:
-            callbacks.ctx.epoch, callbacks.ctx.iteration = epoch, iteration
+            callbacks.update(epoch=epoch, iteration=iteration)
 
     def _name(self, optimizer: Any) -> str:
         if isinstance(optimizer, str) and optimizer in self.optimizers:

@@ -78,7 +78,7 @@ class Optimization:
             scaled = self.scaler.scale(scaled)
         callbacks = self.callbacks
         if callbacks is not None and callbacks.before_backward:
-            callbacks.ctx.loss = loss
+            callbacks.update(loss=loss)
             callbacks.call("on_before_backward")
         try:
             scaled.backward(inputs=inputs)
@@ -136,7 +136,7 @@ class Optimization:
         assert callbacks is not None
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
-        callbacks.ctx.optimizer_name = name or callbacks.ctx.optimizer_name
+        callbacks.update(optimizer_name=name or callbacks.ctx.optimizer_name)
         callbacks.call("on_before_optimizer_step")
 
     def apply(

@@ -81,8 +81,17 @@ class MetricsProcessor:
         every rank's samples."""
 
     def start_split(
-        self, split: str, epoch: int, num_iterations: int | None, first_iteration: int = 1
+        self,
+        split: str,
+        epoch: int,
+        num_iterations: int | None,
+        first_iteration: int = 1,
+        num_epochs: int | None = None,
     ) -> None:
+        """A split of `epoch` starts (after `first_iteration - 1` batches of a resumed
+        one); `num_epochs`: the run's epochs as they stand now."""
+        if num_epochs is not None:
+            self.num_epochs = num_epochs
         self._split = split
         self._epoch = epoch
         self._iteration = first_iteration - 1

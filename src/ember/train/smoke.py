@@ -17,20 +17,20 @@ import dataclasses
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
 from ember.errors import ConfigError, TrainingError
 from ember.rng import capture_rng_state, restore_rng_state
-from ember.train.files.artifacts import SPLITS, Artifacts
 from ember.train.checkpoint.file import FileCheckpointer
 from ember.train.checkpoint.strategy import KeepLastNCheckpoints
 from ember.train.events import ProcessedItem, ValidPoint
+from ember.train.files.artifacts import SPLITS, Artifacts
+from ember.train.files.metric_files import read_metric_log
 from ember.train.history import RunHistory
 from ember.train.length.interrupter import Interrupter
-from ember.train.files.metric_files import read_metric_log
-from ember.train.build.options import LearnerOptions
+from ember.train.options import LearnerOptions
 from ember.train.renderer.silent import SilentRenderer
 
 
@@ -102,25 +102,26 @@ class _Saved:
 
 
 def smoke_test(
-    learner: Any,
+    options: LearnerOptions,
+    learner_class: Callable[[LearnerOptions], Any],
     train: Iterable[Any],
     valid: Iterable[Any] | None = None,
     *,
     batches: int = 2,
     echo: bool = True,
 ) -> SmokeReport:
-    """Run `batches` batches of each split through the learner's whole loop in a
-    temporary directory, load its checkpoint back, put everything back; return (and
-    with `echo`, print) what ran. A failing part raises `SmokeTestError` naming it."""
+    """Run `batches` batches of each split through the whole loop of a learner of
+    `options` (made by `learner_class`) in a temporary directory, load its checkpoint
+    back, put everything back; return (and with `echo`, print) what ran. A failing
+    part raises `SmokeTestError` naming it."""
     if not isinstance(batches, int) or isinstance(batches, bool) or batches < 1:
         raise ConfigError(f"smoke_test(batches=...) must be an int >= 1, got {batches!r}.")
-    options: LearnerOptions = learner.options
-    model, optim = learner.model, learner.optim
+    model, optim = options.model, options.optimization
     saved = _Saved(model, optim)
     report = SmokeReport()
     try:
         with tempfile.TemporaryDirectory(prefix="ember-smoke-") as directory:
-            _run(type(learner), options, Path(directory), train, valid, batches, report)
+            _run(learner_class, options, Path(directory), train, valid, batches, report)
     finally:
         saved.restore(model, optim)
     report.lines.append(

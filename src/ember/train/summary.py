@@ -9,9 +9,9 @@ from pathlib import Path
 
 from ember.errors import EmberError
 from ember.train.files.artifacts import SPLITS, Artifacts
+from ember.train.files.metric_files import format_value, metric_stem, read_metric_log
 from ember.train.history import RunHistory
 from ember.train.metric.base import weighted_mean
-from ember.train.files.metric_files import format_value, metric_stem, read_metric_log
 
 
 def epoch_values(

@@ -48,9 +48,9 @@ from ember.train.build.values import (
     train_length,
     valid_cadence,
 )
-from ember.train.build.options import RegisteredMetric
+from ember.train.options import RegisteredMetric
 from ember.train.parallel import FsdpOptions, choose
-from ember.train.build.plugins import check_plugin
+from ember.train.plugins import check_plugin
 from ember.train.renderer.base import Renderer
 from ember.train.build.resolve import place_model, run_checkpointer, run_device
 

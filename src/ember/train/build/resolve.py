@@ -28,7 +28,7 @@ from ember.train.optimization import Optimization
 if TYPE_CHECKING:
     from ember.record.protocol import Recorder
     from ember.train.checkpoint.base import Checkpointer
-    from ember.train.build.options import RegisteredMetric
+    from ember.train.options import RegisteredMetric
 
 
 # The device and the model -------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.train.length.interrupter import Interrupter
-from ember.train.build.options import LearnerOptions, RegisteredMetric
+from ember.train.options import LearnerOptions, RegisteredMetric
 from ember.train.build.resolve import bound_optimization, lr_monitor, retention, run_cadence
 
 if TYPE_CHECKING:

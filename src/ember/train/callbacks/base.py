@@ -170,6 +170,13 @@ class Callbacks:
         )
         self.keys = _state_keys(self.callbacks)
 
+    def update(self, **fields: Any) -> None:
+        """Set what the next hooks see (`epoch`, `iteration`, `output`, `loss`,
+        `optimizer_name`, `num_epochs`): the one place the context is written."""
+        ctx = self.ctx
+        for name, value in fields.items():
+            setattr(ctx, name, value)
+
     def call(self, hook: str) -> None:
         """Call `hook` of every callback that defines it, in registration order."""
         ctx = self.ctx

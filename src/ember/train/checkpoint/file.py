@@ -15,15 +15,15 @@ from typing import Any, Callable
 import torch
 
 from ember.errors import TrainingError
+from ember.train.checkpoint.base import PARTS
+from ember.train.checkpoint.strategy import CheckpointingStrategy, apply_retention
+from ember.train.checkpoint.writer import AsyncWriter, Snapshots
 from ember.train.files.artifacts import (
     checkpoint_epochs,
     checkpoint_path,
     checkpoint_shard_path,
     checkpoint_shards,
 )
-from ember.train.checkpoint.base import PARTS
-from ember.train.checkpoint.strategy import CheckpointingStrategy, apply_retention
-from ember.train.checkpoint.writer import AsyncWriter, Snapshots
 from ember.train.history import History
 
 log = logging.getLogger(__name__)

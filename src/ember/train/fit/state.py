@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ember.train.duration import Counters
+from ember.train.length.duration import Counters
 from ember.train.length.position import Position
 from ember.train.length.run_length import RunLength
 from ember.train.outcome import Outcome

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from ember.errors import TrainingError
-from ember.train.batches import BatchPlanner, Step, steps_to_reach
+from ember.train.length.batches import BatchPlanner, Step, steps_to_reach
 from ember.train.length.duration import Counters, Duration, short_count
 from ember.train.length.position import Position
 

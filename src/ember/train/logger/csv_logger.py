@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import IO, Any, Sequence
 
 from ember.errors import EmberError
-from ember.train.logger.base import MetricRecord, RunStart
 from ember.train.files.metric_files import format_value, format_weight
+from ember.train.logger.base import MetricRecord, RunStart
 
 CSV_HEADER = ("split", "epoch", "iteration", "metric", "value", "weight", "kind")
 

@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import IO, Sequence
 
 from ember.errors import EmberError
-from ember.train.logger.base import MetricRecord, RunStart
-from ember.train.metric.base import weighted_mean
 from ember.train.files.metric_files import (
     add_lines,
     format_value,
@@ -19,6 +17,8 @@ from ember.train.files.metric_files import (
     metric_log_path,
     read_metric_log,
 )
+from ember.train.logger.base import MetricRecord, RunStart
+from ember.train.metric.base import weighted_mean
 
 __all__ = [
     "FileMetricLogger",

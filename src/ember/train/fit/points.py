@@ -2,13 +2,14 @@
 
 Every `n` optimizer steps of an epoch (but its last, which the end-of-epoch validation
 covers), the loop hands over to `ValidationPoints.run`: the model runs `valid_step` on
-the whole validation loader in eval and inference mode, the values go to
-`valid/epoch-N/iteration-K/<Metric>.log` (K: the training batches done in the epoch),
-to the run history's points, to the renderer (its optional `valid_point`) and to the
-listeners (`ValidPoint`). Then the model is back in train mode and every random
+the whole validation loader (the one evaluation pass, `evaluation.py`), the values go
+to `valid/epoch-N/iteration-K/<Metric>.log` (K: the training batches done in the
+epoch), to the run history's points, to the renderer (its optional `valid_point`) and
+to the listeners (`ValidPoint`). Then the model is back in its mode and every random
 generator is put back as it was, so the training that follows is the same, batch for
 batch, as without the point: a run stopped and resumed around a point ends equal to
-one never stopped.
+one never stopped. Early stopping that counts points judges every validation of the
+run in order (`early_stop`, `stop_at_point`).
 """
 
 from __future__ import annotations
@@ -17,18 +18,17 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ember.data.device import to_device
 from ember.rng import capture_rng_state, restore_rng_state
-from ember.train.files.artifacts import Artifacts
-from ember.train.batches import BatchPlanner, Step, batch_size
-from ember.train.length.duration import Counters, Duration, crossed
 from ember.train.events import ValidPoint
+from ember.train.files.artifacts import Artifacts
+from ember.train.files.metric_files import add_lines, write_matrix
+from ember.train.fit.evaluation import evaluating, run_pass
 from ember.train.history import Points, RunHistory
+from ember.train.length.batches import BatchPlanner, Step
+from ember.train.length.duration import Counters, Duration, crossed
 from ember.train.logger.base import MetricRecord
 from ember.train.metric.base import RegisteredMetric
-from ember.train.files.metric_files import add_lines, write_matrix
 from ember.train.processor import MetricsProcessor
-from ember.train.step import call_step
 
 
 class PointLogger:
@@ -64,7 +64,6 @@ class ValidationPoints:
         every: int | Duration,
         accumulation: int,
         metrics: Sequence[RegisteredMetric],
-        num_epochs: int,
         artifacts: Artifacts,
         history: RunHistory,
         autocast: Callable[[], Any],
@@ -72,7 +71,6 @@ class ValidationPoints:
         self.every = every
         self.accumulation = accumulation
         self.metrics = tuple(metrics)
-        self.num_epochs = num_epochs
         self.artifacts = artifacts
         self.history = history
         self.autocast = autocast
@@ -97,10 +95,10 @@ class ValidationPoints:
         model: torch.nn.Module,
         planner: BatchPlanner,
         epoch: int,
+        num_epochs: int,
         iteration: int,
         device: torch.device,
         dist: Any,
-        main: bool,
         renderer: Any,
         emit: Callable[[Any], None],
         evaluation: Callable[[], Any] = torch.inference_mode,
@@ -109,26 +107,27 @@ class ValidationPoints:
         """Validate on the whole loader after `iteration` training batches of `epoch`,
         under `evaluation` (inference mode; no_grad for a sharded model); returns the
         point's values (every process gets rank 0's)."""
+        main = dist is None or dist.main
         rng = capture_rng_state()
-        training = model.training
         loggers = {"valid": [PointLogger(self.artifacts, iteration)] if main else []}
         processor = MetricsProcessor(
-            {"valid": self.metrics}, loggers, None, self.num_epochs, gathers=dist is not None
+            {"valid": self.metrics}, loggers, None, num_epochs, gathers=dist is not None
         )
         plan = planner.epoch(epoch)
-        move = device.type != "cpu"
-        model.eval()
         processor.start_split("valid", epoch, plan.total)
         try:
-            with evaluation(), self.autocast():
-                for number, batch in enumerate(plan.batches(), start=1):
-                    if move:
-                        batch = to_device(batch, device)
-                    item = call_step(model.valid_step, batch, "valid_step", epoch, number)
-                    processor.update(item, number, batch_size(batch), None)
+            with evaluating(model, evaluation, self.autocast):
+                run_pass(
+                    model.valid_step,  # type: ignore[arg-type]
+                    "valid_step",
+                    plan.batches(),
+                    processor,
+                    "valid",
+                    epoch,
+                    device,
+                )
             values = processor.end_split(dist)
         finally:
-            model.train(training)
             restore_rng_state(rng)
         self.history.add_point(epoch, iteration, {"valid": values}, counters)  # by rank 0
         if main:

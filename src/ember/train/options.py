@@ -10,9 +10,9 @@ import torch
 
 from ember.train.checkpoint.base import Checkpointer
 from ember.train.checkpoint.strategy import CheckpointingStrategy
-from ember.train.length.duration import Duration
 from ember.train.early_stopping import EarlyStoppingStrategy, PruningStrategy
 from ember.train.events import Listener
+from ember.train.length.duration import Duration
 from ember.train.length.interrupter import Interrupter
 from ember.train.logger.base import MetricLogger
 from ember.train.metric.base import RegisteredMetric

@@ -1,0 +1,70 @@
+"""After a fit's epochs: `failure` logs how a run ended on an exception; `close`
+releases everything, never letting an error there hide the one that ended the run."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from ember.train.distributed import Distributed
+from ember.train.events import End
+from ember.train.files.run_record import end_session
+from ember.train.fit.parts import FitParts
+from ember.train.fit.state import FitState
+from ember.train.guard import NonFiniteLoss
+from ember.train.outcome import Outcome
+
+log = logging.getLogger("ember.train.learner")  # the run's own log, as the loop's
+
+
+def failure(state: FitState, dist: Distributed | None, error: BaseException) -> Outcome:
+    """Log how the run ended on an exception; "interrupted" or "failed[: why]"."""
+    where = f"epoch {state.epoch}, iteration {state.iteration}"
+    outcome = Outcome.failed(error, isinstance(error, NonFiniteLoss))
+    if isinstance(error, KeyboardInterrupt):
+        log.error("Training interrupted (KeyboardInterrupt) at %s.", where)
+        return outcome
+    elsewhere = dist.caused_elsewhere(error) if dist is not None else None
+    if elsewhere is not None:  # another rank failed: its record says why
+        log.error("Training stopped at %s. %s", where, elsewhere)
+    else:
+        log.exception("Training failed at %s.", where)
+    return outcome
+
+
+def print_summary(parts: FitParts, outcome: Outcome) -> None:
+    """The run's summary table, printed and logged (`LearnerBuilder.summary`)."""
+    from ember.train.summary import LearnerSummary
+
+    summary = LearnerSummary.from_dir(parts.options.artifact_dir)
+    table = replace(summary, outcome=outcome).table()  # history.jsonl has it at the end
+    print(table)
+    log.info("%s", table)
+
+
+def close(parts: FitParts, state: FitState, reason: str) -> None:
+    """Release everything; an error here is logged, never allowed to hide the
+    error that ended the run."""
+    steps: list[tuple[str, Any]] = [
+        ("the last checkpoint could not be written", parts.checkpoints.wait)
+    ]
+    for split_loggers in parts.loggers.values():
+        for logger in split_loggers:
+            steps.append((f"closing {type(logger).__name__} failed", logger.close))
+    steps.append(
+        ("a listener failed at the end", lambda: parts.events.emit(End(state.epoch, reason)))
+    )
+    steps.append(("the renderer failed at the end", lambda: parts.renderer.end(reason)))
+    steps.append(("the run history could not be written", lambda: finish_history(parts, reason)))
+    for what, step in steps:
+        try:
+            step()
+        except Exception as error:
+            log.error("%s: %s", what, error)
+
+
+def finish_history(parts: FitParts, reason: str) -> None:
+    if parts.history.path is not None:
+        parts.history.finish(reason)
+        end_session(parts.artifacts, reason)

@@ -1,0 +1,189 @@
+"""The epochs of a fit (`TrainLoop`): each epoch trains every optimizer step of its
+batch plan, then validates and ends (`epoch_end.py`). Read top to bottom: `run` is the
+epochs, `train_split` one epoch's steps, `after_step` the decisions after each."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Mapping
+
+from ember.errors import TrainingError
+from ember.train.events import StartEpoch
+from ember.train.fit import epoch_end
+from ember.train.fit.parts import FitParts
+from ember.train.fit.state import EndedInside, FitState
+from ember.train.fit.stepper import Stepper
+from ember.train.length.batches import EpochPlan, Step
+from ember.train.length.duration import crossed
+from ember.train.length.position import Position
+from ember.train.outcome import Outcome
+from ember.train.parallel import join
+
+log = logging.getLogger("ember.train.learner")  # the run's own log, as the loop's
+
+
+class TrainLoop:
+    """Runs the epochs of one fit with its parts, keeping its state."""
+
+    def __init__(self, parts: FitParts, state: FitState) -> None:
+        self.parts, self.state = parts, state
+        self.stepper = Stepper(parts, state)
+
+    def run(self) -> Outcome:
+        """Every epoch left; returns how the run ended."""
+        parts, state, events = self.parts, self.state, self.parts.events
+        start = parts.resume.position
+        for epoch in itertools.count(start.epoch):
+            if parts.length.finished(Position(epoch, counters=state.counters)):
+                break
+            if epoch > state.num_epochs:  # a length in steps, samples or tokens runs on
+                state.num_epochs = epoch
+                events.epochs(epoch)
+            state.epoch = epoch
+            events.emit(StartEpoch(epoch, state.num_epochs))
+            events.hook("on_epoch_start", epoch)
+            values = self.train_split(parts.train.epoch(epoch, start))
+            if values is None:  # stopped mid-epoch
+                self.save_mid_epoch()
+                ending = state.ending
+                return ending if isinstance(ending, Outcome) else epoch_end.stop_reason(parts)
+            epoch_values = {"train": values}
+            if parts.valid is not None:
+                epoch_values["valid"] = epoch_end.valid_epoch(parts, state)
+            reason = epoch_end.end_epoch(parts, state, epoch_values)
+            if parts.length.ended:  # the run's length was reached: it completed, whatever else
+                break
+            if reason is not None:
+                return reason
+        return Outcome.completed()
+
+    def train_split(self, plan: EpochPlan) -> dict[str, float] | None:
+        """Train one epoch (from where a resumed run stands): for each step of the plan,
+        run it, apply it, then the decisions after it. Its epoch values, or None when a
+        stop ended it early."""
+        parts, state, stepper = self.parts, self.state, self.stepper
+        start, epoch, dist, processor = plan.start, plan.start.epoch, parts.dist, parts.processor
+        parts.model.train()
+        epoch_end.start_split(parts, "train", epoch, start.iteration + 1)
+        processor.start_split("train", epoch, plan.total, start.iteration + 1, state.num_epochs)
+        if start.iteration:  # resumed mid-epoch: the epoch so far comes back
+            if parts.main:
+                self.resume_logs(start, parts.resume.log_lines)
+            processor.restore_epoch_states(parts.resume.metric_states(dist), parts.device)
+        state.iteration, state.items, stop = start.iteration, start.items, False
+        stepper.start_epoch(start.iteration, plan.total)
+        ranks = parts.ranks
+        with ranks.join() if ranks is not None else join(parts.wrapped):  # collective at exit
+            for step in plan:
+                stepper.apply(stepper.run(step))
+                stop = self.after_step(step, plan.total)
+                if stop:
+                    break
+        parts.guard.flush()
+        parts.length.end_epoch(dist)  # collective: the epoch's counters on every process
+        if state.iteration == start.iteration:
+            raise TrainingError(
+                f"The training data loader yielded no batch in epoch {epoch}. Check that its "
+                "dataset is not empty and that drop_last with a batch size larger than the "
+                "dataset does not drop every sample."
+            )
+        if parts.length.ended and state.iteration != plan.total:  # the length ends it here
+            processor.flush(dist)
+            state.ending = EndedInside(processor.line_counts(), processor.epoch_states())
+            log.info(
+                "Training reached train_for (%s) at epoch %d, iteration %d: the epoch ends here.",
+                parts.length.train_for,
+                epoch,
+                state.iteration,
+            )
+        elif stop and state.iteration != plan.total:
+            processor.flush(dist)  # the logs hold every finished iteration
+            return None
+        return epoch_end.end_split(parts, "train", epoch)
+
+    def after_step(self, step: Step, total: int | None) -> bool:
+        """The decisions after a step, in order: the run's length reached, a validation
+        point, a checkpoint due, a stop requested, a background checkpoint's failure.
+        True when the epoch's steps end here."""
+        parts, state, dist = self.parts, self.state, self.parts.dist
+        length, interrupter = parts.length, parts.options.interrupter
+        before = length.counters
+        voted = length.advance(step, dist, interrupter.should_stop)  # collective for tokens
+        if length.train_for is not None and length.reached_at(step, dist):  # collective
+            length.ended = True
+            return True
+        points = parts.points if parts.valid is not None else None
+        if (
+            points is not None
+            and points.due(step, total, before, length.counters)
+            and epoch_end.valid_point(parts, state)  # collective: the point's values
+        ):
+            return True  # early stopping, counting validation points
+        cadence, every = parts.options.cadence, parts.options.checkpoint_every
+        if cadence is not None or every is not None:  # checkpoint_every, max_time
+            last = state.iteration == total
+            save = cadence is not None and cadence.after_step(
+                state.epoch, step.may_vote, last, dist, interrupter
+            )  # collective: rank 0's clock
+            if every is not None and not last and (dist is None or step.may_vote):
+                save = crossed(every, before, length.counters) or save
+            if save:
+                self.save_mid_epoch(flush=True)
+        if voted is not None or dist is not None:
+            stop = self.stop_requested(step, voted)  # collective
+        else:
+            stop = interrupter.requested
+        if stop:
+            return True
+        if parts.checkpoints.checkpointer is not None:
+            parts.checkpoints.check()  # a background write's failure
+        return False
+
+    def stop_requested(self, step: Step, voted: bool | None = None) -> bool:
+        """A graceful stop after this step; several processes stop at the same step,
+        while every one of them still has batches. `voted`: the processes already
+        agreed with the step's token count (`RunLength.advance`); a time limit reached
+        since is agreed too."""
+        parts = self.parts
+        if voted is not None:
+            cadence = parts.options.cadence
+            return voted or (cadence is not None and cadence.expired)
+        stop = parts.options.interrupter.should_stop()
+        if parts.dist is not None:
+            stop = parts.dist.any(stop) if step.may_vote else False
+        return stop
+
+    def save_mid_epoch(self, flush: bool = False) -> None:
+        """Checkpoint inside the epoch, with the metric log lines and epoch states so far
+        (`flush`: write the lines of the values not yet written first). On one process
+        the values start to the host before the snapshot, whose one wait brings them
+        too; their lines are written before the checkpoint, which counts them."""
+        parts, processor, dist = self.parts, self.parts.processor, self.parts.dist
+        before_write = None
+        if flush and dist is None:
+            processor.launch()
+            lines = processor.line_counts(coming=True)
+            before_write = processor.flush
+        else:
+            if flush:
+                processor.flush(dist)  # every process's lines, counted on rank 0
+            lines = processor.line_counts()
+        states = processor.epoch_states()
+        parts.checkpoints.save(
+            self.state.position(False), parts.model, parts.optim, dist, lines, states, before_write
+        )
+
+    def resume_logs(self, start: Position, counts: Mapping[str, int] | None) -> None:
+        """Resuming mid-epoch: keep the lines each training metric log had at the
+        checkpoint (later lines came after it), put them back into the metric states,
+        and drop that epoch's validation logs."""
+        artifacts = self.parts.artifacts
+        artifacts.drop_epoch("valid", start.epoch, points_through=start.iteration)
+        rows = {
+            entry.name: artifacts.truncate_metric_log(
+                "train", start.epoch, entry.name, (counts or {}).get(entry.name, start.iteration)
+            )
+            for entry in self.parts.options.metrics.get("train", ())
+        }
+        self.parts.processor.resume(rows)

@@ -1,0 +1,249 @@
+"""Before a fit's epochs: `prepare` checks the loaders, counts the steps, loads and
+restores the resumed state, and only then prepares the artifact directory, the log and
+the loggers, returning the fit's parts and state; `start` logs what was prepared, joins
+the processes, tells the loggers and the renderer and checks the validation step."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any, Iterable
+
+from ember.errors import TrainingError
+from ember.train import metric_exchange as exchange
+from ember.train.checkpoint.resume import Resume
+from ember.train.describe import describe_run, run_info
+from ember.train.distributed import Distributed
+from ember.train.events import Start
+from ember.train.files.lock import RunLock
+from ember.train.files.model_summary import summarize_model
+from ember.train.files.run_record import record_start
+from ember.train.fit.evaluation import check_not_empty, check_validation
+from ember.train.fit.events import FitEvents
+from ember.train.fit.parts import FitParts, Lasting
+from ember.train.fit.state import FitState
+from ember.train.history import RunHistory
+from ember.train.length.batches import BatchPlanner
+from ember.train.length.position import Position
+from ember.train.logger.application import FileApplicationLogger
+from ember.train.logger.base import MetricLogger, RunStart, start_loggers
+from ember.train.logger.file import FileMetricLogger
+from ember.train.oom import RankSplit
+from ember.train.parallel import evaluation, parallelize
+from ember.train.processor import MetricsProcessor
+from ember.train.renderer.silent import SilentRenderer
+
+log = logging.getLogger("ember.train.learner")  # the run's own log, as the loop's
+
+
+def prepare(
+    kit: Lasting,
+    state: FitState,
+    train: Iterable[Any],
+    valid: Iterable[Any] | None,
+    dist: Distributed | None,
+    lock: RunLock | None,
+) -> tuple[FitParts, list[str]]:
+    """Check the loaders, count the steps, load and restore the resumed state; only
+    then prepare the directory, open the log and make the loggers. Returns the fit's
+    parts and the notes to log once the log is open."""
+    options, model, optim = kit.options, kit.model, kit.optim
+    main = dist is None or dist.main
+    state.output_checked = False
+    check_not_empty(train, "training", "fit(train, ...)")
+    if valid is not None:
+        check_not_empty(valid, "validation", "fit(train) without validation data")
+    resume = kit.checkpoints.resume_point()
+    shard = (dist.rank, dist.world) if dist is not None else None
+    train_limit, valid_limit = options.limit_batches
+    train_plan = BatchPlanner(train, options.grads_accumulation, shard, train_limit)
+    train_plan.check_limit("training", "train")
+    valid_plan = None
+    if valid is not None:
+        valid_plan = BatchPlanner(valid, 1, shard, valid_limit)
+        valid_plan.check_limit("validation", "valid")
+    kit.length.counters = resume.position.counters
+    notes = count_steps(kit, state, train_plan, resume.position)
+    optim.lr.check_monitor(
+        {split: [entry.name for entry in entries] for split, entries in options.metrics.items()}
+    )
+    wrapped = ranks = None
+    if dist is not None:  # the model as the processes share it, before it is restored
+        wrapped = parallelize(model, optim.optimizer, dist, options.fsdp)
+        if optim.micro_split is not None:  # grads_accumulation("auto")
+            ranks = RankSplit(dist, model)
+    notes += [*resume.notes, *kit.checkpoints.restore(resume, model, optim, dist)]
+    if main:
+        overwrite = options.overwrite or resume.replace  # checkpoint("auto")
+        kit.artifacts.prepare(resume.position.kept_epochs(), overwrite)
+    load_history(kit, resume, main, dist)
+    app_log = FileApplicationLogger(kit.artifacts.experiment_log)
+    if options.application_log and main:
+        app_log.install()
+    if main and lock is not None and lock.takeover_message:
+        notes.append(lock.takeover_message)
+    complete = kit.length.finished(resume.position)  # a finished run: nothing to show
+    renderer = options.renderer if main and not complete else SilentRenderer()
+    loggers = make_loggers(kit, main)
+    processor = MetricsProcessor(
+        options.metrics, loggers, renderer, state.num_epochs, gathers=dist is not None
+    )
+    if kit.length.train_for is not None:
+        processor.run_progress = kit.length.progress_text
+    parts = FitParts(
+        options=options,
+        model=model,
+        wrapped=wrapped,
+        optim=optim,
+        manual=kit.manual,
+        guard=kit.guard,
+        flops=kit.flops,
+        processor=processor,
+        checkpoints=kit.checkpoints,
+        history=kit.history,
+        artifacts=kit.artifacts,
+        length=kit.length,
+        dist=dist,
+        ranks=ranks,
+        points=kit.points,
+        events=FitEvents(options.listeners, optim.callbacks),
+        loggers=loggers,
+        renderer=renderer,
+        app_log=app_log,
+        resume=resume,
+        train=train_plan,
+        valid=valid_plan,
+        device=options.device,
+    )
+    return parts, notes
+
+
+def start(parts: FitParts, state: FitState, notes: list[str], valid: Iterable[Any] | None) -> None:
+    """Log what was prepared, join the processes, tell the loggers and the renderer,
+    check the validation step."""
+    start, dist, options = parts.resume.position, parts.dist, parts.options
+    for note in notes:
+        resumed = note.startswith(("Resumed from", "Resuming from", "checkpoint('auto')"))
+        log.log(logging.INFO if resumed else logging.WARNING, "%s", note)
+    if dist is not None:
+        prepare_processes(parts, dist)
+    processes = dist.world if dist is not None else 1
+    hparams, directory = options.hparams, str(options.artifact_dir)
+    start_loggers(
+        parts.loggers,
+        RunStart(start.epoch, start.iteration, not start.fresh, processes, hparams, directory),
+    )
+    info = run_info(options, parts.model, state.num_epochs, dist, start)
+    log.info("%s", describe_run(options, parts.optim, dist, parts.length, info))
+    summary = summarize_model(parts.model, options.model_summary)
+    info = replace(info, model_summary=summary)
+    if parts.main:
+        record_start(parts.artifacts, start.epoch, not start.fresh, hparams)
+    parts.history.describe_model(info.model_name, info.num_parameters)
+    train_for = parts.length.train_for
+    if parts.length.finished(start) and train_for is not None:
+        state.epoch = start.epoch - (0 if start.iteration else 1)
+        log.warning(
+            "The run is already complete: its checkpoint has %s and train_for is %s, so "
+            "nothing is left to train and the trained model is returned as it is. Raise "
+            "train_for to train further.",
+            f"{start.counters.of(train_for.unit):,} {train_for.unit}",
+            train_for,
+        )
+    elif parts.length.finished(start):
+        state.epoch = start.epoch - 1
+        log.warning(
+            "The run is already complete: its checkpoint is at the end of epoch %d and "
+            "num_epochs is %d, so nothing is left to train and the trained model is "
+            "returned as it is. Raise num_epochs to train further.",
+            state.epoch,
+            state.num_epochs,
+        )
+    elif valid is not None and options.metrics.get("valid"):
+        check_validation(
+            parts.model,
+            valid,
+            parts.processor,
+            start.epoch,
+            parts.device,
+            parts.optim.autocast,
+            evaluation(parts.wrapped),
+        )
+    parts.renderer.start(info)
+    parts.events.emit(Start(start.epoch, state.num_epochs, directory))
+
+
+def count_steps(kit: Lasting, state: FitState, train: BatchPlanner, start: Position) -> list[str]:
+    """The run's optimizer steps, and the schedule that waits for them ("auto");
+    returns a warning about the schedule's interval, if any. A run whose length is
+    not in epochs shows the epoch it should end in as its `num_epochs`."""
+    lr, length = kit.optim.lr, kit.length
+    state.steps_per_epoch = train.steps_per_epoch()
+    state.total_steps, last_epoch = length.steps(train, state.steps_per_epoch, start)
+    if length.train_for is not None:
+        state.num_epochs = max(start.epoch, last_epoch or start.epoch)
+        if kit.optim.callbacks is not None:
+            kit.optim.callbacks.update(num_epochs=state.num_epochs)
+    if lr.pending is not None and state.total_steps is None:
+        why = "the training loader has no length"
+        if length.train_for is not None and length.train_for.unit == "samples":
+            why = (
+                f"the run trains for {length.train_for}, and the training loader does not "
+                "tell its samples per step (a batch_size, and a dataset or sampler length)"
+            )
+        raise TrainingError(
+            f"The learning-rate schedule counts the run's optimizer steps ('auto'), but {why}. "
+            "Give the schedule its step count instead."
+        )
+    lr.resolve(state.total_steps)
+    warning = lr.check_interval(state.steps_per_epoch)
+    return [warning] if warning else []
+
+
+def load_history(kit: Lasting, resume: Resume, main: bool, dist: Distributed | None) -> None:
+    """Rank 0 keeps the history in `history.jsonl`; a resumed run continues the
+    saved one up to where it resumes (every process gets rank 0's copy)."""
+    history = kit.history
+    if main:
+        history.path = kit.artifacts.history
+    if resume.state is None:
+        return
+    if main:
+        found = kit.artifacts.saved_history if history.path is not None else None
+        if found is not None:
+            saved = RunHistory.load(found)
+            history.epochs = saved.epochs
+            history.checkpoints = saved.checkpoints
+            history.points = saved.points
+            history.counters = saved.counters
+            history.point_counters = saved.point_counters
+        else:  # a run from before the history file: the checkpoint carried it
+            history.epochs = [(int(e), v) for e, v in resume.state["learner"].get("history", [])]
+        if not kit.length.finished(resume.position) or kit.length.train_for is None:
+            history.keep_before(resume.position.epoch, resume.position.iteration)
+    if dist is not None:
+        history.epochs = dist.broadcast(history.epochs)
+        history.points = dist.broadcast(history.points)
+
+
+def make_loggers(kit: Lasting, main: bool) -> dict[str, list[MetricLogger]]:
+    """Rank 0 writes the metric files and feeds the extra loggers."""
+    return {
+        split: [FileMetricLogger(kit.artifacts.split_dir(split)), *extra] if main else []
+        for split, extra in kit.options.loggers.items()
+    }
+
+
+def prepare_processes(parts: FitParts, dist: Distributed) -> None:
+    """Several processes: check that the loaders shard exactly (and evenly under
+    FSDP), warn about metrics that see one process's data."""
+    train, valid = parts.train, parts.valid
+    train.check_shardable("training")
+    if valid is not None:
+        valid.check_shardable("validation")
+    exchange.warn_unmerged(parts.processor.states)
+    if parts.options.fsdp is not None:
+        train.check_even("training")
+        if valid is not None:
+            valid.check_even("validation")
+    dist.barrier()  # rank 0 has prepared the artifact directory
