@@ -4,11 +4,11 @@ from typing import TYPE_CHECKING
 
 from ember._lazy import attach
 
-# Configs resolve through config_union, which completes the configs that nest others.
+# Every config resolves through config_union, which defines the configs that nest others.
 __getattr__, __dir__, __all__ = attach(
     __name__,
     {
-        "ComposedLrScheduler": "ember.lr.composed",
+        "ComposedLrScheduler": "ember.lr.nesting",
         "ComposedLrSchedulerConfig": "ember.lr.config_union",
         "ConstantLr": "ember.lr.constant",
         "ConstantLrConfig": "ember.lr.config_union",
@@ -23,12 +23,12 @@ __getattr__, __dir__, __all__ = attach(
         "LrSchedulerConfig": "ember.lr.config_union",
         "NoamLrScheduler": "ember.lr.noam",
         "NoamLrSchedulerConfig": "ember.lr.config_union",
-        "SchedulerReduction": "ember.lr.composed",
-        "SequentialLrScheduler": "ember.lr.sequential",
+        "SchedulerReduction": "ember.lr.nesting",
+        "SequentialLrScheduler": "ember.lr.nesting",
         "SequentialLrSchedulerConfig": "ember.lr.config_union",
         "StepLrScheduler": "ember.lr.step",
         "StepLrSchedulerConfig": "ember.lr.config_union",
-        "WarmupLrScheduler": "ember.lr.warmup",
+        "WarmupLrScheduler": "ember.lr.nesting",
         "WarmupLrSchedulerConfig": "ember.lr.config_union",
         "lr_at_steps": "ember.lr._common",
     },
@@ -37,13 +37,21 @@ __getattr__, __dir__, __all__ = attach(
 if TYPE_CHECKING:
     from ember.lr._common import lr_at_steps
     from ember.lr.base import LrDriver, LrScheduler
-    from ember.lr.composed import ComposedLrScheduler, ComposedLrSchedulerConfig, SchedulerReduction
-    from ember.lr.config_union import LrSchedulerConfig
+    from ember.lr.config_union import (
+        ComposedLrSchedulerConfig,
+        LrSchedulerConfig,
+        SequentialLrSchedulerConfig,
+        WarmupLrSchedulerConfig,
+    )
     from ember.lr.constant import ConstantLr, ConstantLrConfig
     from ember.lr.cosine import CosineAnnealingLrScheduler, CosineAnnealingLrSchedulerConfig
     from ember.lr.exponential import ExponentialLrScheduler, ExponentialLrSchedulerConfig
     from ember.lr.linear import LinearLrScheduler, LinearLrSchedulerConfig
+    from ember.lr.nesting import (
+        ComposedLrScheduler,
+        SchedulerReduction,
+        SequentialLrScheduler,
+        WarmupLrScheduler,
+    )
     from ember.lr.noam import NoamLrScheduler, NoamLrSchedulerConfig
-    from ember.lr.sequential import SequentialLrScheduler, SequentialLrSchedulerConfig
     from ember.lr.step import StepLrScheduler, StepLrSchedulerConfig
-    from ember.lr.warmup import WarmupLrScheduler, WarmupLrSchedulerConfig
