@@ -234,7 +234,7 @@ def test_ctrl_c_between_two_ranks_starting_ends_the_rank_already_started(monkeyp
     monkeypatch.setattr(launch, "_start", start)
     before = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
     with pytest.raises(KeyboardInterrupt):
-        launch._launch(3)
+        launch.launch_ranks(3)
     assert [child.rank for child in started] == [1]
     assert started[0].process.poll() == -signal.SIGKILL  # ended, and waited for
     assert {name: os.environ.get(name) for name in before} == before
@@ -342,7 +342,7 @@ def test_a_device_list_must_match_the_launched_processes(monkeypatch):
 def test_the_hang_report_names_who_did_not_arrive_and_who_did_not_answer():
     mine = {"waiting": "a barrier", "location": "x.py:1 in f", "position": "epoch 2, iteration 5"}
     busy = {"waiting": None, "location": "train.py:9 in load (next(it))", "position": None}
-    failure = failures._missing(0, mine, {1: busy, 2: None, 3: dict(mine)}, 20.0)
+    failure = failures.missing_ranks(0, mine, {1: busy, 2: None, 3: dict(mine)}, 20.0)
     assert failure.kind == "hang" and failure.culprits == (1, 2)
     assert failure.summary == (
         "Ranks 1 and 2 did not reach a barrier at epoch 2, iteration 5 within 20 s (ranks 0 "
@@ -350,7 +350,7 @@ def test_the_hang_report_names_who_did_not_arrive_and_who_did_not_answer():
         "answer: it died, or is stuck outside Python"
     )
     other = {"waiting": "the vote on stopping", "location": "y.py:2 in g", "position": None}
-    crossed = failures._missing(0, mine, {1: other}, 20.0)
+    crossed = failures.missing_ranks(0, mine, {1: other}, 20.0)
     assert crossed.summary.startswith("The ranks waited for each other within 20 s in different")
     assert crossed.culprits == (1,)
 
@@ -375,7 +375,7 @@ def test_ctrl_c_after_the_ranks_started_but_before_the_group_ends_them(monkeypat
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     started: list[launch.Child] = []
-    real_launch = joining._launch
+    real_launch = joining.launch_ranks
 
     def launched(world: int):
         children, saved = real_launch(world)
@@ -390,7 +390,7 @@ def test_ctrl_c_after_the_ranks_started_but_before_the_group_ends_them(monkeypat
             raise KeyboardInterrupt
         return torch.device("cpu")
 
-    monkeypatch.setattr(joining, "_launch", launched)
+    monkeypatch.setattr(joining, "launch_ranks", launched)
     monkeypatch.setattr(joining, "process_device", device_of)
     before = {name: os.environ.get(name) for name in launch._VARIABLES}
     with pytest.raises(KeyboardInterrupt):
@@ -407,11 +407,11 @@ def test_a_ranks_position_is_read_from_the_learner_on_its_stack(tmp_path):
 
     class Watched(Classifier):
         def train_step(self, batch: Batch) -> TrainOutput:
-            seen.append(("train", where._position(where._stack(sys._getframe()))))
+            seen.append(("train", where.learner_position(where.stack(sys._getframe()))))
             return super().train_step(batch)
 
         def valid_step(self, batch: Batch) -> ClassificationOutput:
-            seen.append(("valid", where._position(where._stack(sys._getframe()))))
+            seen.append(("valid", where.learner_position(where.stack(sys._getframe()))))
             return super().valid_step(batch)
 
     loader = DataLoaderBuilder(BlobBatcher()).batch_size(50).build(BlobDataset(100))
@@ -432,6 +432,6 @@ def test_a_group_whose_watchdog_never_started_closes(monkeypatch):
 
     context = Distributed(0, 1, 0, torch.device("cpu"), "gloo", [], {})
     monkeypatch.setattr(threading.Thread, "start", lambda self: None)
-    context._start_watchdog()
+    context.start_watchdog()
     context.close(failed=True)  # joining a thread never started would raise RuntimeError
     assert context.finished

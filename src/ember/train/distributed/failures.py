@@ -14,20 +14,27 @@ import sys
 import time
 import traceback
 import types
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
 
 import torch.distributed as dist
 
-from ember.train.distributed.where import _position, _traceback_frames
+from ember.train.distributed.where import learner_position, traceback_frames
 
-if TYPE_CHECKING:
-    from ember.train.distributed.group import Distributed
 
-# Errors on this rank that only reflect a failure elsewhere, with their one-line account:
-# the exception hook prints those in one line.
-_explained: list[tuple[BaseException, str]] = []
-_run_failed = False  # a run of this process failed: it is about to exit
+@dataclass
+class ExitAccount:
+    """What the exception hook knows when an error ends this process."""
+
+    explained: list[tuple[BaseException, str]] = field(default_factory=list)
+    """Errors on this rank that only reflect a failure elsewhere, with their one-line
+    account: the exception hook prints those in one line."""
+    run_failed: bool = False
+    """A run of this process failed: it is about to exit."""
+
+
+EXIT_ACCOUNT = ExitAccount()
+"""This process's: the group adds to it as it fails, joining a group clears it."""
 
 
 @dataclass
@@ -44,7 +51,7 @@ class Failure:
 
     @classmethod
     def from_error(cls, rank: int, error: BaseException) -> Failure:
-        where = _position(_traceback_frames(error.__traceback__))
+        where = learner_position(traceback_frames(error.__traceback__))
         at = f" at {where}" if where else ""
         if isinstance(error, KeyboardInterrupt):
             return cls(rank, "interrupted", f"Rank {rank} was interrupted{at} (KeyboardInterrupt)")
@@ -75,7 +82,7 @@ class Failure:
         return cls(**data)
 
 
-class _Board:
+class Board:
     """This process group's keys in the c10d store: failure records, their
     acknowledgements, and questions "where are you?" with the ranks' answers."""
 
@@ -137,7 +144,7 @@ class _Board:
         }
 
 
-def _missing(
+def missing_ranks(
     rank: int,
     mine: dict[str, Any],
     answers: dict[int, dict[str, Any] | None],
@@ -194,7 +201,7 @@ def _ranks(ranks: list[int]) -> str:
     return "Ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
-def _exit_status(code: int) -> str:
+def exit_status(code: int) -> str:
     if code < 0:
         with contextlib.suppress(ValueError):
             return f"code {code} ({signal.Signals(-code).name})"
@@ -211,7 +218,7 @@ _PEER_TROUBLE = (
 )
 
 
-def _communication_error(error: BaseException) -> bool:
+def communication_error(error: BaseException) -> bool:
     """True when `error` comes from talking to the other ranks (a collective, the store)."""
     if isinstance(error, dist.DistError):
         return True
@@ -220,20 +227,22 @@ def _communication_error(error: BaseException) -> bool:
 
 
 # Output of the ranks ---------------------------------------------------------------
-class _RankLog(logging.Handler):
+class RankLog(logging.Handler):
     """The `ember` log of a rank other than 0 (which has no experiment.log): warnings
     and errors on standard error, one line each; the traceback of an error is printed
     once, when it ends the process, and not at all when it only reflects another
     rank's failure."""
 
-    def __init__(self, context: Distributed, prefix: str) -> None:
+    def __init__(self, elsewhere: Callable[[BaseException], str | None], prefix: str) -> None:
         super().__init__(logging.WARNING)
-        self.context = context
+        self.elsewhere = elsewhere
+        """Why an error happened when it only reflects a failure elsewhere, else None
+        (`Distributed.caused_elsewhere`)."""
         self.prefix = prefix
 
     def emit(self, record: logging.LogRecord) -> None:
         error = record.exc_info[1] if record.exc_info else None
-        if error is not None and self.context.caused_elsewhere(error) is not None:
+        if error is not None and self.elsewhere(error) is not None:
             return
         try:
             sys.stderr.write(f"{self.prefix}{record.getMessage()}\n")
@@ -252,10 +261,10 @@ def _excepthook(
     as one line (that rank's traceback is shown once, by that rank). After a failed run
     the objects left are exempted from the collections of the interpreter's exit, which
     would take seconds with torch loaded, while the other ranks wait for this one."""
-    if _run_failed:
+    if EXIT_ACCOUNT.run_failed:
         gc.freeze()
     for error in (value, value.__cause__, value.__context__):
-        if error is not None and any(error is known for known, _ in _explained):
+        if error is not None and any(error is known for known, _ in EXIT_ACCOUNT.explained):
             text = "".join(traceback.format_exception_only(kind, value)).rstrip("\n")
             sys.stderr.write("".join(f"{prefix}{line}\n" for line in text.splitlines()))
             sys.stderr.flush()
@@ -263,7 +272,7 @@ def _excepthook(
     base(kind, value, tb)
 
 
-def _install_excepthook(base: Callable[..., Any], prefix: str) -> None:
+def install_excepthook(base: Callable[..., Any], prefix: str) -> None:
     while isinstance(base, functools.partial) and base.func is _excepthook:
         base = base.args[0]
     sys.excepthook = functools.partial(_excepthook, base, prefix)

@@ -3,6 +3,7 @@ and the device of each process."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -14,15 +15,15 @@ import torch.distributed as dist
 
 from ember.environment import from_environment
 from ember.errors import TrainingError
-from ember.train.distributed import group
-from ember.train.distributed.failures import _explained, _install_excepthook, _RankLog
+from ember.train.distributed.failures import EXIT_ACCOUNT, RankLog, install_excepthook
 from ember.train.distributed.group import Distributed
-from ember.train.distributed.launch import _LAUNCHER, Child, _launch, end_started
-from ember.train.distributed.where import _LABELS
+from ember.train.distributed.launch import LAUNCHER_VARIABLE, Child, end_started, launch_ranks
+from ember.train.distributed.where import name_wait
 
 log = logging.getLogger("ember.train.distributed")  # the package's one logger
 
 _SLACK = 10.0  # the group's own timeout exceeds `timeout` by this, so ember reports first
+_GROUPS = itertools.count(1)  # numbers the process groups this process joins: keys apart
 
 
 def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed | None:
@@ -34,7 +35,7 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
         if devices is None or len(devices) <= 1:
             return None
         process_device(devices, 0)  # a device list a launcher's processes do not match
-        children, saved = _launch(len(devices))
+        children, saved = launch_ranks(len(devices))
         placement = (0, len(devices), 0)
     rank, world, local_rank = placement
     context: Distributed | None = None
@@ -44,36 +45,47 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        launcher = int(os.environ[_LAUNCHER]) if _LAUNCHER in os.environ else None
-        context = Distributed(rank, world, local_rank, device, backend, children, saved)
-        context.timeout, context.launcher = timeout, launcher
+        variable = os.environ.get(LAUNCHER_VARIABLE)
+        launcher = int(variable) if variable is not None else None
         ours = bool(children) or launcher is not None
-        context.prefix = "" if ours else f"[rank{rank}]: "
-        group._setups += 1
-        _explained.clear()
-        context._listen_to_signals()
+        prefix = "" if ours else f"[rank{rank}]: "
+        context = Distributed(
+            rank,
+            world,
+            local_rank,
+            device,
+            backend,
+            children,
+            saved,
+            timeout=timeout,
+            launcher=launcher,
+            prefix=prefix,
+        )
+        number = next(_GROUPS)
+        EXIT_ACCOUNT.explained.clear()
+        context.listen_to_signals()
         if ours:
-            context._start_watchdog()  # watch the started ranks (or our starter) from now on
+            context.start_watchdog()  # watch the started ranks (or our starter) from now on
         try:
             dist.init_process_group(
                 backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout + _SLACK)
             )
         except Exception as error:
-            report = context._exits(wait=2.0)
+            report = context.health.exits(wait=2.0)
             context.close(failed=True)
             raise TrainingError(
                 f"Joining the process group as rank {rank} of {world} failed: {error}. {report}"
             ) from error
         # torch prefixes uncaught errors with the rank; the ranks ember starts are
         # prefixed by rank 0 already
-        _install_excepthook(hook if ours else sys.excepthook, context.prefix)
-        context._attach_board()
+        install_excepthook(hook if ours else sys.excepthook, prefix)
+        context.attach_board(number)
         if not ours:
-            context._start_watchdog()
+            context.start_watchdog()
         ember_log = logging.getLogger("ember")
         if not context.main and not ember_log.hasHandlers():
-            context._handler = _RankLog(context, context.prefix)
-            ember_log.addHandler(context._handler)
+            context.handler = RankLog(context.caused_elsewhere, prefix)
+            ember_log.addHandler(context.handler)
     except BaseException:
         if context is None:
             end_started(children, saved)
@@ -113,16 +125,15 @@ def process_device(devices: Sequence[torch.device] | None, local_rank: int) -> t
 
 
 # What the group's own waits are called in the hang reports
-_LABELS.update(
-    {
-        Distributed.any.__code__: "the vote on stopping",
-        Distributed.barrier.__code__: "a barrier",
-        Distributed.all_gather.__code__: "an exchange of values between the ranks",
-        Distributed.broadcast.__code__: "a broadcast from rank 0",
-        Distributed.close.__code__: "the end of training",
-        setup.__code__: "joining the process group",
-    }
-)
+for _code, _label in {
+    Distributed.any.__code__: "the vote on stopping",
+    Distributed.barrier.__code__: "a barrier",
+    Distributed.all_gather.__code__: "an exchange of values between the ranks",
+    Distributed.broadcast.__code__: "a broadcast from rank 0",
+    Distributed.close.__code__: "the end of training",
+    setup.__code__: "joining the process group",
+}.items():
+    name_wait(_code, _label)
 
 
 # The loop's helpers ----------------------------------------------------------------

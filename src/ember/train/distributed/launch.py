@@ -17,7 +17,7 @@ from ember.errors import TrainingError
 
 log = logging.getLogger("ember.train.distributed")  # the package's one logger
 _VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-_LAUNCHER = "EMBER_LAUNCHER_PID"
+LAUNCHER_VARIABLE = "EMBER_LAUNCHER_PID"
 """Set in the processes ember starts: the pid of the process that started them."""
 
 
@@ -64,12 +64,15 @@ def _command() -> list[str]:
 _BOOTSTRAP = (
     "import ctypes, os, signal, sys\n"
     "ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)\n"  # PR_SET_PDEATHSIG
-    f"if os.getppid() != int(os.environ['{_LAUNCHER}']): os._exit(1)\n"
+    f"if os.getppid() != int(os.environ['{LAUNCHER_VARIABLE}']): os._exit(1)\n"
     "os.execv(sys.argv[1], sys.argv[1:])\n"
 )
 
 
-def _launch(world: int) -> tuple[list[Child], dict[str, str | None]]:
+def launch_ranks(world: int) -> tuple[list[Child], dict[str, str | None]]:
+    """Start ranks 1 to `world - 1`, each running this process's command again, and make
+    this process rank 0: the ranks started, and the environment variables as they were
+    (to put back when the group ends)."""
     command = _command()
     if sys.platform.startswith("linux"):
         command = [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, *command]
@@ -101,7 +104,7 @@ def _start(rank: int, command: list[str], shared: dict[str, str]) -> Child:
         **shared,
         "RANK": str(rank),
         "LOCAL_RANK": str(rank),
-        _LAUNCHER: str(os.getpid()),
+        LAUNCHER_VARIABLE: str(os.getpid()),
     }
     process = subprocess.Popen(
         command,
@@ -129,7 +132,7 @@ def _end(children: list[Child]) -> None:
 
 def end_started(children: list[Child], saved: dict[str, str | None]) -> None:
     """Joining failed before the group was set up: end the ranks started and put the
-    environment variables `_launch` set back as they were (`saved`)."""
+    environment variables `launch_ranks` set back as they were (`saved`)."""
     _end(children)
     restore_environment(saved)
 

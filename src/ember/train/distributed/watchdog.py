@@ -1,6 +1,6 @@
 """The watchdog thread of every process: reads the failure board, answers "where are
 you?", notices a wait that exceeds the timeout, and ends a process that cannot end
-by itself."""
+by itself. It watches the process's `Health`, which the group's collectives update."""
 
 from __future__ import annotations
 
@@ -10,29 +10,90 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
-from ember.train.distributed.failures import _Board, _missing
-from ember.train.distributed.where import _frame_of, _stack, _waiting, _where
-
-if TYPE_CHECKING:
-    from ember.train.distributed.group import Distributed
+from ember.train.distributed.failures import Board, Failure, exit_status, missing_ranks
+from ember.train.distributed.launch import Child
+from ember.train.distributed.where import frame_of, stack, waiting_in, whereabouts
 
 log = logging.getLogger("ember.train.distributed")  # the package's one logger
 
 _POLL = 0.2  # seconds between two looks of a watchdog
-_GRACE = 2.0  # seconds a rank has to end by itself once another rank failed
-_ANSWER_WAIT = 2.0  # seconds a rank waits for the others to say where they are
+GRACE = 2.0  # seconds a rank has to end by itself once another rank failed
+ANSWER_WAIT = 2.0  # seconds a rank waits for the others to say where they are
 
 
-class _Watchdog:
+@dataclass
+class Health:
+    """What the watchdog of a process watches and tells, shared with its training
+    thread (through `Distributed.health`): the rank, the ranks it started, the board,
+    how far the collectives got, and the failure that explains this rank's errors."""
+
+    rank: int
+    children: list[Child] = field(default_factory=list)
+    timeout: float = 300.0
+    """Seconds a rank waits in a collective before the others are asked where they are."""
+    launcher: int | None = None
+    """The pid of the process that started this one, when ember started it."""
+    prefix: str = ""
+    """Before the lines this rank prints: torch's `[rankN]: ` under torchrun, nothing in
+    the ranks ember starts (rank 0 prefixes what the others print)."""
+    thread: int = field(default_factory=threading.get_ident)
+    """The thread that trains (the one that called `fit`)."""
+    progress: int = 0
+    """Bumped by every step and collective: the hang detection watches it."""
+    board: Board | None = field(default=None, repr=False)
+    cause: Failure | None = None
+    """The failure that explains this rank's communication errors: another rank's record,
+    or this rank's own report of a hang or a lost rank."""
+    failed_at: float | None = None
+    unwinding: bool = False
+    finished: bool = False
+    reported: set[int] = field(default_factory=set)
+    """The ranks whose own failure this rank has heard of."""
+    signals: int | None = field(default=None, repr=False)
+    """Where the signals this process receives are written (`signal.set_wakeup_fd`), so
+    the watchdog hears of a Ctrl-C even while the main thread is blocked in a collective."""
+    stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    """Set when the group ends: the watchdog stops."""
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def learn(self, failure: Failure) -> None:
+        if self.cause is None:
+            self.cause = failure
+            self.failed_at = time.monotonic()
+
+    def exits(self, wait: float) -> str:
+        """The started ranks that exited before the end (waits up to `wait` seconds for
+        one to exit)."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and all(c.process.poll() is None for c in self.children):
+            time.sleep(0.05)
+        reports = []
+        for child in self.children:
+            code = child.process.poll()
+            if code is not None:
+                if child.reader is not None:
+                    child.reader.join(timeout=2)
+                reports.append(
+                    f"Rank {child.rank} exited with {exit_status(code)} before the run ended, "
+                    "without reporting an error (its output is above)"
+                )
+        return "; ".join(reports)
+
+
+class Watchdog:
     """One per process: reads the board, watches the started ranks (rank 0) or the
     process that started this one, notices a wait that exceeds the timeout, and ends
     the process when its training thread cannot end after another rank failed."""
 
-    def __init__(self, context: Distributed) -> None:
-        self.context = context
+    def __init__(self, health: Health) -> None:
+        self.health = health
         self.events = 0
         self.answered = 0
         self.progress = -1
@@ -42,20 +103,20 @@ class _Watchdog:
         self.handled: set[int] = set()
 
     def run(self) -> None:
-        context = self.context
-        while not context._stop.is_set():
+        health = self.health
+        while not health.stop.is_set():
             try:
                 self._wait()
-                if not context._stop.is_set():
+                if not health.stop.is_set():
                     self._look()
             except Exception as error:  # keep watching: the next look may do better
                 log.debug("Watchdog: %s", error)
 
     def _wait(self) -> None:
         """Sleep one poll, or less when a signal arrives."""
-        fd = self.context.signals
+        fd = self.health.signals
         if fd is None:
-            self.context._stop.wait(_POLL)
+            self.health.stop.wait(_POLL)
             return
         if not select.select([fd], [], [], _POLL)[0]:
             return
@@ -69,114 +130,114 @@ class _Watchdog:
                 self.interrupted_at = time.monotonic()
 
     def _look(self) -> None:
-        context = self.context
-        if context.launcher is not None and os.getppid() != context.launcher:
+        health = self.health
+        if health.launcher is not None and os.getppid() != health.launcher:
             os._exit(1)  # the process that started this rank is gone, and the run with it
-        if self.lost_at is None and any(c.process.poll() is not None for c in context.children):
+        if self.lost_at is None and any(c.process.poll() is not None for c in health.children):
             self.lost_at = time.monotonic()
-        board = context.board
-        if board is not None and context.cause is None and not context.finished:
+        board = health.board
+        if board is not None and health.cause is None and not health.finished:
             try:
                 events = board.events()
                 if events != self.events:
                     self.events = events
                     self._read(board)
-                if context.cause is None and not context.unwinding:
+                if health.cause is None and not health.unwinding:
                     self._check_progress(board)
             except Exception as error:  # the store's host is gone: stop asking it
-                log.debug("Rank %d lost the group's store: %s", context.rank, error)
-                context.board = None
+                log.debug("Rank %d lost the group's store: %s", health.rank, error)
+                health.board = None
         self._check_grace()
 
-    def _read(self, board: _Board) -> None:
-        context = self.context
+    def _read(self, board: Board) -> None:
+        health = self.health
         question = board.question()
         if question > self.answered:
             self.answered = question
-            board.answer(question, _where(_stack(_frame_of(context.thread))))
+            board.answer(question, whereabouts(stack(frame_of(health.thread))))
         for failure in board.failures():
-            if failure.rank == context.rank or failure.rank in self.handled:
+            if failure.rank == health.rank or failure.rank in self.handled:
                 continue
             self.handled.add(failure.rank)
             if failure.kind in ("error", "interrupted"):
-                context.reported.add(failure.rank)
-            context._learn(failure)
-            if context.main:
+                health.reported.add(failure.rank)
+            health.learn(failure)
+            if health.main:
                 log.error("%s", failure.log_text())
-                for child in context.children:
+                for child in health.children:
                     if child.rank == failure.rank:
                         child.logged = True
             board.acknowledge(failure.rank)
-            if context.rank in failure.culprits:
-                ours = context.launcher is not None  # rank 0 prints the report at its end
+            if health.rank in failure.culprits:
+                ours = health.launcher is not None  # rank 0 prints the report at its end
                 _abort(
-                    context,
+                    health,
                     1,
-                    f"rank {context.rank} stopped: the other ranks waited {context.timeout:g} s "
+                    f"rank {health.rank} stopped: the other ranks waited {health.timeout:g} s "
                     f"for it (rank {failure.rank} reports where)."
                     if ours
                     else failure.report(),
                 )
 
-    def _check_progress(self, board: _Board) -> None:
+    def _check_progress(self, board: Board) -> None:
         """A wait in a collective with no progress for `timeout` seconds: find out who
         did not arrive, and tell everyone."""
-        context = self.context
-        progress = context.progress
+        health = self.health
+        progress = health.progress
         if progress != self.progress:
             self.progress, self.waiting_since = progress, None
             return
-        if _waiting(_stack(_frame_of(context.thread))) is None:
+        if waiting_in(stack(frame_of(health.thread))) is None:
             self.waiting_since = None
             return
         now = time.monotonic()
         if self.waiting_since is None:
             self.waiting_since = now
             return
-        if now - self.waiting_since < context.timeout:
+        if now - self.waiting_since < health.timeout:
             return
         self.waiting_since = None
         if not board.elect("hang"):
             return  # another rank reports it
-        mine = _where(_stack(_frame_of(context.thread)))
-        answers = board.answers(board.ask(), _ANSWER_WAIT)
-        if context.progress != progress:  # it arrived after all
-            board.store.compare_set("hang", str(context.rank), "")
+        mine = whereabouts(stack(frame_of(health.thread)))
+        answers = board.answers(board.ask(), ANSWER_WAIT)
+        if health.progress != progress:  # it arrived after all
+            board.store.compare_set("hang", str(health.rank), "")
             return
-        failure = _missing(context.rank, mine, answers, context.timeout)
-        context._learn(failure)
-        if context.main:
+        failure = missing_ranks(health.rank, mine, answers, health.timeout)
+        health.learn(failure)
+        if health.main:
             log.error("%s", failure.log_text())
         board.publish(failure)
 
     def _check_grace(self) -> None:
-        context = self.context
-        if context.finished or context.unwinding:
+        health = self.health
+        if health.finished or health.unwinding:
             return
         now = time.monotonic()
-        if self.interrupted_at is not None and now - self.interrupted_at > _GRACE / 2:
-            _abort(context, 128 + signal.SIGINT, "interrupted (KeyboardInterrupt).")
-        if context.failed_at is not None and now - context.failed_at > _GRACE:
-            waiting = _waiting(_stack(_frame_of(context.thread))) is not None
-            if waiting or now - context.failed_at > 10 * _GRACE:
-                cause = context.cause
+        if self.interrupted_at is not None and now - self.interrupted_at > GRACE / 2:
+            _abort(health, 128 + signal.SIGINT, "interrupted (KeyboardInterrupt).")
+        if health.failed_at is not None and now - health.failed_at > GRACE:
+            waiting = waiting_in(stack(frame_of(health.thread))) is not None
+            if waiting or now - health.failed_at > 10 * GRACE:
+                cause = health.cause
                 text = cause.report() if cause is not None else "another rank failed."
-                _abort(context, 1, f"Training stopped because another rank failed. {text}")
-        if self.lost_at is not None and now - self.lost_at > _GRACE and context.cause is None:
-            codes = [c.process.poll() for c in context.children]
+                _abort(health, 1, f"Training stopped because another rank failed. {text}")
+        if self.lost_at is not None and now - self.lost_at > GRACE and health.cause is None:
+            codes = [c.process.poll() for c in health.children]
             signals = [-code for code in codes if code is not None and code < 0]
             status = 128 + signals[0] if signals else 1
-            _abort(context, status, f"Training stopped: {context._exits(0)}.")
+            _abort(health, status, f"Training stopped: {health.exits(0)}.")
 
 
-def _abort(context: Distributed, status: int, message: str) -> None:
+def _abort(health: Health, status: int, message: str) -> None:
     """End this process now (its training thread cannot end by itself); the ranks it
     started go with it."""
-    for child in context.children:
+    for child in health.children:
         if child.process.poll() is None:
             child.process.kill()
     with contextlib.suppress(Exception):
-        sys.stderr.write(f"{context.prefix}ember: {message}\n")
+        sys.stderr.write(f"{health.prefix}ember: {message}\n")
         sys.stderr.flush()
     for handler in logging.getLogger("ember").handlers:
         with contextlib.suppress(Exception):

@@ -31,11 +31,11 @@ def name_wait(code: types.CodeType, label: str) -> None:
     _LABELS[code] = label
 
 
-def _frame_of(thread: int) -> types.FrameType | None:
+def frame_of(thread: int) -> types.FrameType | None:
     return sys._current_frames().get(thread)
 
 
-def _stack(frame: types.FrameType | None, limit: int = 200) -> list[types.FrameType]:
+def stack(frame: types.FrameType | None, limit: int = 200) -> list[types.FrameType]:
     """`frame` and its callers, innermost first."""
     frames: list[types.FrameType] = []
     while frame is not None and len(frames) < limit:
@@ -44,7 +44,7 @@ def _stack(frame: types.FrameType | None, limit: int = 200) -> list[types.FrameT
     return frames
 
 
-def _traceback_frames(tb: types.TracebackType | None) -> list[types.FrameType]:
+def traceback_frames(tb: types.TracebackType | None) -> list[types.FrameType]:
     """The frames a traceback went through, innermost first."""
     frames: list[types.FrameType] = []
     while tb is not None:
@@ -53,7 +53,7 @@ def _traceback_frames(tb: types.TracebackType | None) -> list[types.FrameType]:
     return frames[::-1]
 
 
-def _waiting(frames: list[types.FrameType]) -> str | None:
+def waiting_in(frames: list[types.FrameType]) -> str | None:
     """What the thread whose stack is `frames` waits in for the other ranks, or None
     when it runs code of its own (computing, loading data, sleeping)."""
     if not frames:
@@ -100,7 +100,7 @@ def _location(frames: list[types.FrameType]) -> str:
     return "an unknown place"
 
 
-def _position(frames: list[types.FrameType]) -> str | None:
+def learner_position(frames: list[types.FrameType]) -> str | None:
     """The learner's epoch and iteration, read from the `Learner` on the stack."""
     validating = False
     for frame in frames:
@@ -121,10 +121,10 @@ def _position(frames: list[types.FrameType]) -> str | None:
     return None
 
 
-def _where(frames: list[types.FrameType]) -> dict[str, Any]:
+def whereabouts(frames: list[types.FrameType]) -> dict[str, Any]:
     """Where a thread is (its stack `frames`, innermost first), for the other ranks."""
     return {
-        "waiting": _waiting(frames),
+        "waiting": waiting_in(frames),
         "location": _location(frames),
-        "position": _position(frames),
+        "position": learner_position(frames),
     }
