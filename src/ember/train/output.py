@@ -28,18 +28,42 @@ from ember.train.metric.inputs import (
 
 
 @dataclass
-class ClassificationOutput:
-    """Single-label classification: `output` holds logits or scores [B, C] (or [B] for
-    binary scores) and `targets` class indices [B]."""
+class LossFields:
+    """The field every output ends with: how its `loss` was reduced. An output takes
+    its own fields from a base listed after this one (`class ImageOutput(LossFields,
+    _ImageFields)`): a dataclass's fields come from its bases in reverse order, so
+    these follow the output's own, in its repr and its constructor alike."""
+
+    loss_reduction: str = "mean"
+    """How `loss` was reduced over the batch: "mean" (torch's default), "sum", or, for
+    an output with `tokens`, "token_mean" (a mean over them: see `loss_weight`)."""
+
+
+@dataclass
+class TokenLossFields(LossFields):
+    """The fields every output with a token count ends with."""
+
+    tokens: int | torch.Tensor | None = None
+    """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
+
+    def loss_input(self, loss: torch.Tensor, samples: int) -> LossInput:
+        """What `LossMetric` reads: `loss` over `samples`, reduced as these fields say."""
+        return LossInput(loss, samples, self.loss_reduction, self.tokens)
+
+
+@dataclass
+class _PredictedFields:
+    """The own fields of the classification and regression outputs."""
 
     loss: torch.Tensor
     output: torch.Tensor
     targets: torch.Tensor
-    loss_reduction: str = "mean"
-    """How `loss` was reduced over the batch: "mean" (torch's default), "sum", or
-    "token_mean" (a mean over the `tokens` the output gives: see `loss_weight`)."""
-    tokens: int | torch.Tensor | None = None
-    """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
+
+
+@dataclass
+class ClassificationOutput(TokenLossFields, _PredictedFields):
+    """Single-label classification: `output` holds logits or scores [B, C] (or [B] for
+    binary scores) and `targets` class indices [B]."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is ClassificationInput:
@@ -47,24 +71,13 @@ class ClassificationOutput:
         if input_type is ScoresInput:
             return ScoresInput(self.output, self.targets)
         if input_type is LossInput:
-            return LossInput(
-                self.loss, int(self.targets.shape[0]), self.loss_reduction, self.tokens
-            )
+            return self.loss_input(self.loss, int(self.targets.shape[0]))
         return None
 
 
 @dataclass
-class MultiLabelClassificationOutput:
+class MultiLabelClassificationOutput(TokenLossFields, _PredictedFields):
     """Multi-label classification: `output` scores [B, C], `targets` 0/1 [B, C]."""
-
-    loss: torch.Tensor
-    output: torch.Tensor
-    targets: torch.Tensor
-    loss_reduction: str = "mean"
-    """How `loss` was reduced over the batch: "mean" (torch's default), "sum", or
-    "token_mean" (a mean over the `tokens` the output gives: see `loss_weight`)."""
-    tokens: int | torch.Tensor | None = None
-    """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is MultiLabelInput:
@@ -72,49 +85,36 @@ class MultiLabelClassificationOutput:
         if input_type is ScoresInput:
             return ScoresInput(self.output, self.targets, multilabel=True)
         if input_type is LossInput:
-            return LossInput(
-                self.loss, int(self.targets.shape[0]), self.loss_reduction, self.tokens
-            )
+            return self.loss_input(self.loss, int(self.targets.shape[0]))
         return None
 
 
 @dataclass
-class RegressionOutput:
+class RegressionOutput(TokenLossFields, _PredictedFields):
     """Regression: `output` predictions and `targets` of the same shape [B, ...]."""
-
-    loss: torch.Tensor
-    output: torch.Tensor
-    targets: torch.Tensor
-    loss_reduction: str = "mean"
-    """How `loss` was reduced over the batch: "mean" (torch's default), "sum", or
-    "token_mean" (a mean over the `tokens` the output gives: see `loss_weight`)."""
-    tokens: int | torch.Tensor | None = None
-    """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is RegressionInput:
             return RegressionInput(self.output, self.targets)
         if input_type is LossInput:
-            return LossInput(
-                self.loss, int(self.targets.shape[0]), self.loss_reduction, self.tokens
-            )
+            return self.loss_input(self.loss, int(self.targets.shape[0]))
         return None
 
 
 @dataclass
-class SequenceOutput:
-    """Sequence prediction: `logits` [B, T, V] and `targets` token ids [B, T]; tokens
-    equal to `pad_token` (if set) are excluded from metrics."""
+class _SequenceFields:
+    """The own fields of `SequenceOutput`."""
 
     loss: torch.Tensor
     logits: torch.Tensor
     targets: torch.Tensor
     pad_token: int | None = None
-    loss_reduction: str = "mean"
-    """How `loss` was reduced over the batch: "mean" (torch's default), "sum", or
-    "token_mean" (a mean over the `tokens` the output gives: see `loss_weight`)."""
-    tokens: int | torch.Tensor | None = None
-    """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
+
+
+@dataclass
+class SequenceOutput(TokenLossFields, _SequenceFields):
+    """Sequence prediction: `logits` [B, T, V] and `targets` token ids [B, T]; tokens
+    equal to `pad_token` (if set) are excluded from metrics."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is SequenceInput:
@@ -127,14 +127,23 @@ class SequenceOutput:
                 pad_token=self.pad_token,
             )
         if input_type is LossInput:
-            return LossInput(
-                self.loss, int(self.targets.shape[0]), self.loss_reduction, self.tokens
-            )
+            return self.loss_input(self.loss, int(self.targets.shape[0]))
         return None
 
 
 @dataclass
-class TextOutput:
+class _TextFields:
+    """The own fields of `TextOutput`."""
+
+    predictions: Sequence[str] | torch.Tensor | Sequence[Sequence[int]]
+    references: Sequence[str] | torch.Tensor | Sequence[Sequence[int]]
+    decode: Callable[[list[int]], str] | None = None
+    pad_token: int | None = None
+    loss: torch.Tensor | None = None
+
+
+@dataclass
+class TextOutput(TokenLossFields, _TextFields):
     """Generated text against reference text, one pair per sample, for the text
     metrics (`CerMetric`, `WerMetric`, `BleuMetric`, `RougeMetric`).
 
@@ -144,17 +153,6 @@ class TextOutput:
     decoding. Decoding reads the ids on the host: text metrics cost one transfer per
     batch. `loss`, when the step has one, feeds `LossMetric`.
     """
-
-    predictions: Sequence[str] | torch.Tensor | Sequence[Sequence[int]]
-    references: Sequence[str] | torch.Tensor | Sequence[Sequence[int]]
-    decode: Callable[[list[int]], str] | None = None
-    pad_token: int | None = None
-    loss: torch.Tensor | None = None
-    loss_reduction: str = "mean"
-    """How `loss` was reduced over the batch: "mean" (torch's default), "sum", or
-    "token_mean" (a mean over the `tokens` the output gives: see `loss_weight`)."""
-    tokens: int | torch.Tensor | None = None
-    """The number of tokens the step processed (optional; `ThroughputMetric("tokens")`)."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is TextInput:
@@ -167,7 +165,7 @@ class TextOutput:
                 )
             return TextInput(predictions, references)
         if input_type is LossInput and self.loss is not None:
-            return LossInput(self.loss, len(self.references), self.loss_reduction, self.tokens)
+            return self.loss_input(self.loss, len(self.references))
         return None
 
     def _texts(self, texts: Any, field: str) -> list[str]:
@@ -204,17 +202,20 @@ class TextOutput:
 
 
 @dataclass
-class ImageOutput:
-    """Image prediction: `output` [B, C, H, W] and `targets` [B, C, H, W] for
-    reconstruction metrics (`PsnrMetric`, `SsimMetric`, `MsSsimMetric`); for
-    segmentation (`DiceMetric`), `output` class scores [B, C, H, W] and `targets`
-    class indices [B, H, W]. `loss`, when the step has one, feeds `LossMetric`."""
+class _ImageFields:
+    """The own fields of `ImageOutput`."""
 
     output: torch.Tensor
     targets: torch.Tensor
     loss: torch.Tensor | None = None
-    loss_reduction: str = "mean"
-    """How `loss` was reduced over the batch: "mean" (torch's default) or "sum"."""
+
+
+@dataclass
+class ImageOutput(LossFields, _ImageFields):
+    """Image prediction: `output` [B, C, H, W] and `targets` [B, C, H, W] for
+    reconstruction metrics (`PsnrMetric`, `SsimMetric`, `MsSsimMetric`); for
+    segmentation (`DiceMetric`), `output` class scores [B, C, H, W] and `targets`
+    class indices [B, H, W]. `loss`, when the step has one, feeds `LossMetric`."""
 
     def adapt(self, input_type: type) -> Any:
         if input_type is ImageInput:
