@@ -65,15 +65,14 @@ class OptunaPruning:
         """Report the last epoch's value; why the run is pruned, or None."""
         epoch, values = history[-1]
         split, name = self.monitor.split, self.monitor.name
-        found = values.get(split, {})
-        if name not in found:
-            known = ", ".join(sorted(found)) or "none"
+        value = self.monitor.value(values)
+        if value is None:
+            known = ", ".join(sorted(values.get(split, {}))) or "none"
             raise EmberError(
                 f"OptunaPruning watches the {split} metric {name!r}, which this run does not "
                 f"have (its {split} metrics: {known}). Register it with metric_{split}_numeric"
                 f"(...) or watch another one: OptunaPruning(trial, metric, split)."
             )
-        value = float(found[name])
         self.trial.report(value, epoch)
         if not self.trial.should_prune():
             return None

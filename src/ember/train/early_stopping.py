@@ -7,7 +7,7 @@ import math
 from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 
 from ember.errors import ConfigError
-from ember.train.history import History, Monitor, Points
+from ember.train.history import History, Monitor, Points, Watcher
 from ember.train.outcome import EarlyStop, EarlyStopRule
 
 
@@ -37,7 +37,7 @@ def _threshold(name: str, value: Any) -> float | None:
     return float(value)
 
 
-class MetricEarlyStoppingStrategy:
+class MetricEarlyStoppingStrategy(Watcher):
     """Watch the epoch value of `metric` on `split` and stop, after the first epoch
     where one of these rules holds (checked in this order):
 
@@ -72,7 +72,6 @@ class MetricEarlyStoppingStrategy:
         check_finite: bool = True,
     ) -> None:
         self.monitor = Monitor.of(metric, aggregate, direction, split)
-        self.direction = direction
         if not isinstance(no_improvement_since, int) or no_improvement_since < 1:
             raise ConfigError(
                 f"no_improvement_since must be an int >= 1, got {no_improvement_since!r}."
@@ -85,23 +84,17 @@ class MetricEarlyStoppingStrategy:
         self.stopping_threshold = _threshold("stopping_threshold", stopping_threshold)
         self.divergence_threshold = _threshold("divergence_threshold", divergence_threshold)
         good, bad = self.stopping_threshold, self.divergence_threshold
-        if good is not None and bad is not None and not self._better(good, bad):
+        if good is not None and bad is not None and not self.monitor.better(good, bad):
             raise ConfigError(
                 f"stopping_threshold ({good}) must be better than divergence_threshold "
                 f"({bad}) for direction={direction!r}: the run would stop whatever its value."
             )
         if not isinstance(check_finite, bool):
             raise ConfigError(f"check_finite must be True or False, got {check_finite!r}.")
-        self.name = self.monitor.name
-        self.split = split
         self.patience = no_improvement_since
         self.warmup = warmup_epochs
         self.min_delta = delta
         self.check_finite = check_finite
-
-    def _better(self, a: float, b: float) -> bool:
-        """`a` is strictly better than `b`."""
-        return a < b if self.direction == "lowest" else a > b
 
     def should_stop(self, history: History) -> EarlyStop | None:
         if not history:
@@ -129,10 +122,9 @@ class MetricEarlyStoppingStrategy:
     ) -> EarlyStop | None:
         """The rules on the last value (`values`, of `epoch` and, for a point inside an
         epoch, `iteration`), with `series` every earlier non-NaN value in order."""
-        value = values.get(self.split, {}).get(self.name)
+        value = self.monitor.value(values)
         if value is None:  # no value this time (no validation ran): nothing to decide on
             return None
-        value = float(value)
         where = f"{self.split} {self.name}"
         at = f"epoch {epoch}" if iteration is None else f"epoch {epoch}, iteration {iteration}"
 
@@ -153,19 +145,19 @@ class MetricEarlyStoppingStrategy:
         if not math.isfinite(value):
             return None
         good = self.stopping_threshold
-        if good is not None and (value == good or self._better(value, good)):
+        if good is not None and (value == good or self.monitor.better(value, good)):
             side = "<=" if self.direction == "lowest" else ">="
             text = f"{where} reached the stopping threshold: {value:.6g} {side} {good:.6g}"
             return stop(text, EarlyStopRule.STOPPING_THRESHOLD, good)
         if epoch <= self.warmup:
             return None
         bad = self.divergence_threshold
-        if bad is not None and self._better(bad, value):
+        if bad is not None and self.monitor.better(bad, value):
             side = ">" if self.direction == "lowest" else "<"
             text = f"{where} diverged past the divergence threshold: {value:.6g} {side} {bad:.6g}"
             return stop(text, EarlyStopRule.DIVERGENCE_THRESHOLD, bad)
         # The best: the first value that no later one beat by more than min_delta.
-        sign = 1.0 if self.direction == "lowest" else -1.0
+        sign = self.monitor.sign
         best: int | None = None
         for index, (_, _, candidate) in enumerate(series):
             if math.isinf(candidate):

@@ -71,8 +71,9 @@ def metric_name(metric: Any) -> str:
 
 @dataclass(frozen=True)
 class Monitor:
-    """One metric of one split, and which way is better: what early stopping and the
-    best-checkpoint choice watch."""
+    """One metric of one split, and which way is better: what early stopping, the
+    best-checkpoint choice and pruning watch, and the one place that reads its value
+    from an epoch's values (`value`) and compares two of them (`better`)."""
 
     name: str
     split: str = "valid"
@@ -96,32 +97,58 @@ class Monitor:
             raise ConfigError(f"split must be 'train' or 'valid', got {split!r}.")
         return cls(metric_name(metric), split, direction)
 
+    def value(self, values: Mapping[str, Mapping[str, float]]) -> float | None:
+        """This metric's value among one epoch's (or one point's) `values`, {split:
+        {metric name: value}}; None when they have none."""
+        found = values.get(self.split, {}).get(self.name)
+        return None if found is None else float(found)
+
+    @property
+    def sign(self) -> float:
+        """1.0 when lower is better, -1.0 when higher is: `sign * value` falls as the
+        value gets better."""
+        return 1.0 if self.direction == "lowest" else -1.0
+
+    def better(self, a: float, b: float) -> bool:
+        """`a` is strictly better than `b`."""
+        return a < b if self.direction == "lowest" else a > b
+
     def series(self, history: History) -> list[tuple[int, float]]:
         """(epoch, value) of every epoch that has a value that is not NaN."""
-        return [
-            (epoch, float(values[self.split][self.name]))
-            for epoch, values in history
-            if self.name in values.get(self.split, {})
-            and not math.isnan(values[self.split][self.name])
-        ]
+        found = ((epoch, self.value(values)) for epoch, values in history)
+        return [(epoch, v) for epoch, v in found if v is not None and not math.isnan(v)]
 
     def point_series(self, points: Points) -> list[tuple[int, int | None, float]]:
         """(epoch, iteration, value) of every point that has a value that is not NaN."""
-        return [
-            (epoch, iteration, float(values[self.split][self.name]))
-            for epoch, iteration, values in points
-            if self.name in values.get(self.split, {})
-            and not math.isnan(values[self.split][self.name])
-        ]
+        found = ((epoch, iteration, self.value(values)) for epoch, iteration, values in points)
+        return [(e, i, v) for e, i, v in found if v is not None and not math.isnan(v)]
 
     def best(self, history: History) -> tuple[int, float] | None:
         """The best epoch and its value (the earliest one on a tie), or None."""
-        sign = 1.0 if self.direction == "lowest" else -1.0
         best: tuple[int, float] | None = None
         for epoch, value in self.series(history):
-            if best is None or sign * value < sign * best[1]:
+            if best is None or self.better(value, best[1]):
                 best = (epoch, value)
         return best
+
+
+class Watcher:
+    """A strategy that watches one metric (its `monitor`): the metric's name, split and
+    direction read as the strategy's own attributes."""
+
+    monitor: Monitor
+
+    @property
+    def name(self) -> str:
+        return self.monitor.name
+
+    @property
+    def split(self) -> str:
+        return self.monitor.split
+
+    @property
+    def direction(self) -> str:
+        return self.monitor.direction
 
 
 class RunHistory:

@@ -7,7 +7,7 @@ from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 
 from ember.errors import ConfigError
 from ember.train.checkpoint.base import Checkpointer
-from ember.train.history import History, Monitor
+from ember.train.history import History, Monitor, Watcher
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class KeepLastNCheckpoints:
         return None  # recency is not a quality
 
 
-class MetricCheckpointingStrategy:
+class MetricCheckpointingStrategy(Watcher):
     """Keep the epoch with the best epoch value of `metric` on `split`."""
 
     def __init__(
@@ -53,9 +53,6 @@ class MetricCheckpointingStrategy:
         split: Literal["train", "valid"] = "valid",
     ) -> None:
         self.monitor = Monitor.of(metric, aggregate, direction, split)
-        self.name = self.monitor.name
-        self.direction = direction
-        self.split = split
 
     def best_epoch(self, history: History) -> int | None:
         best = self.monitor.best(history)
