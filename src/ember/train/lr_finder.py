@@ -22,7 +22,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -30,6 +30,7 @@ from ember.data.device import describe, to_device
 from ember.errors import ConfigError, EmberError, TrainingError
 from ember.rng import capture_rng_state, restore_rng_state
 from ember.train.files.artifacts import Artifacts
+from ember.train.optimization import Optimization
 from ember.train.step import check_steps, check_train_output
 
 FORMAT = "ember-lr-find"
@@ -165,13 +166,46 @@ def lr_find(
 ) -> LrFinderResult:
     """Run the range test with `learner`'s model, optimizer, device, mixed precision
     and clipping on `train`; put everything back; write `lr-find.json`; return the curve."""
+    return range_test(
+        learner.model,
+        learner.optim,
+        train,
+        device=learner.device,
+        devices=learner.devices,
+        artifact_dir=learner.artifact_dir,
+        start=start,
+        end=end,
+        steps=steps,
+        mode=mode,
+        smoothing=smoothing,
+        diverge=diverge,
+    )
+
+
+def range_test(
+    model: Any,
+    optim: Optimization,
+    train: Iterable[Any],
+    *,
+    device: torch.device,
+    devices: Sequence[Any] | None,
+    artifact_dir: str | os.PathLike[str],
+    start: float,
+    end: float,
+    steps: int,
+    mode: str,
+    smoothing: float,
+    diverge: float,
+) -> LrFinderResult:
+    """`lr_find` on its parts: `model` (with its `train_step`) trains on `train` on
+    `device` through `optim` (its optimizer, mixed precision and clipping); `devices`
+    are the run's devices (one at most); the curve is written to `artifact_dir`."""
     _check(start, end, steps, mode, smoothing, diverge)
-    if learner.devices is not None and len(learner.devices) > 1:
+    if devices is not None and len(devices) > 1:
         raise ConfigError(
             "lr_find runs in this process, on one device: build a learner with one device "
             "for the range test, then train on several."
         )
-    model, optim = learner.model, learner.optim
     optimizer = optim.optimizer
     check_steps(model)
     saved = _Saved(model, optim)
@@ -187,7 +221,7 @@ def lr_find(
                 break
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss = _step(learner, batch, index)
+            loss = _step(model, optim, device, batch, index)
             value = float(loss.detach())
             average = smoothing * average + (1 - smoothing) * value
             current = average / (1 - smoothing ** (index + 1)) if smoothing else value
@@ -203,16 +237,16 @@ def lr_find(
     if not lrs:
         raise TrainingError("lr_find: the training data loader yielded no batch.")
     result = LrFinderResult(lrs, losses, smoothed, suggest(lrs, smoothed, mode), mode, diverged)
-    result.path = _write(Artifacts(learner.artifact_dir), result)
+    result.path = _write(Artifacts(artifact_dir), result)
     return result
 
 
-def _step(learner: Any, batch: Any, index: int) -> torch.Tensor:
+def _step(
+    model: Any, optim: Optimization, device: torch.device, batch: Any, index: int
+) -> torch.Tensor:
     """One optimizer step on `batch` at the rate already set; its loss."""
-    model, optim = learner.model, learner.optim
-    optimizer = optim.optimizer
-    if learner.device.type != "cpu":
-        batch = to_device(batch, learner.device)
+    if device.type != "cpu":
+        batch = to_device(batch, device)
     try:
         with optim.autocast():
             output = model.train_step(batch)
@@ -227,30 +261,17 @@ def _step(learner: Any, batch: Any, index: int) -> torch.Tensor:
         check_train_output(model, output)
     loss = output.loss
     if not torch.isfinite(loss.detach()):
-        optimizer.zero_grad(set_to_none=True)
+        optim.skip()
         return loss
     optim.backward(loss, 1.0)
-    scaler = optim.scaler
-    clip = optim.clip_norm is not None or optim.clip_value is not None
-    if scaler is not None and clip:
-        scaler.unscale_(optimizer)
-    if optim.clip_norm is not None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), optim.clip_norm)
-    if optim.clip_value is not None:
-        torch.nn.utils.clip_grad_value_(model.parameters(), optim.clip_value)
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    optim.bare_step()
     return loss
 
 
 class _Saved:
     """Everything the range test changes, copied before it starts."""
 
-    def __init__(self, model: torch.nn.Module, optim: Any) -> None:
+    def __init__(self, model: torch.nn.Module, optim: Optimization) -> None:
         self.model = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.optimizer = copy.deepcopy(optim.optimizer.state_dict())
         self.scaler = copy.deepcopy(optim.scaler.state_dict()) if optim.scaler is not None else None
@@ -260,10 +281,10 @@ class _Saved:
         self.training = model.training
         self.rng = capture_rng_state()
 
-    def restore(self, model: torch.nn.Module, optim: Any) -> None:
+    def restore(self, model: torch.nn.Module, optim: Optimization) -> None:
         model.load_state_dict(self.model)
         optim.optimizer.load_state_dict(self.optimizer)
-        if self.scaler is not None:
+        if optim.scaler is not None and self.scaler is not None:
             optim.scaler.load_state_dict(self.scaler)
         for parameter, grad in zip(model.parameters(), self.grads):
             parameter.grad = grad

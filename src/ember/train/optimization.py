@@ -149,19 +149,34 @@ class Optimization:
         hooks = callbacks is not None and callbacks.optimizer_steps
         if hooks and not prepared:
             self._before(optimizer, name)
-        elif self.scaler is not None and not prepared and self._clips:
-            self.scaler.unscale_(optimizer)
-        if self._clips:
-            self._clip(self.model.parameters() if params is None else params)
-        if self.scaler is not None:
-            self.scaler.step(optimizer)
-        else:
-            optimizer.step()
+        self._update(optimizer, params, unscaled=prepared or hooks)
         lr.after_step()
         if hooks:
             assert callbacks is not None
             callbacks.call("on_after_optimizer_step")
         optimizer.zero_grad(set_to_none=True)
+
+    def bare_step(self) -> None:
+        """Apply the accumulated gradients as `step` does (unscaled for the clipping
+        under fp16, clipped, stepped, the scaler updated), then clear them; without the
+        callbacks' hooks and without the learning rate's step: the learning-rate range
+        test (`lr_find`) sets the rate of each step itself."""
+        self._update(self.optimizer, None, unscaled=False)
+        if self.scaler is not None:
+            self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _update(self, optimizer: Any, params: Any, unscaled: bool) -> None:
+        """Clip `params` (None: the model's), unscaling the gradients first under fp16
+        unless they are (`unscaled`); step `optimizer` (through the scaler under fp16)."""
+        if self._clips:
+            if self.scaler is not None and not unscaled:
+                self.scaler.unscale_(optimizer)
+            self._clip(self.model.parameters() if params is None else params)
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+        else:
+            optimizer.step()
 
     def skip(self) -> None:
         """Drop the accumulated gradients without stepping (a non-finite loss was skipped)."""
