@@ -1,4 +1,5 @@
-"""The shared save/load pipeline of every file recorder; subclasses only pick a format."""
+"""The shared save/load pipeline of every file recorder (subclasses only pick a format), and
+`load`: read any ember record, choosing the reader from the file's contents."""
 
 from __future__ import annotations
 
@@ -11,12 +12,25 @@ from ember.record.atomic import atomic_write_bytes
 from ember.record.format import EncodeOptions, RecordFormat
 from ember.record.gz import gzip_bytes
 from ember.record.header import Header, Kind
-from ember.record.item import item_state
 from ember.record.paths import find_record, with_extension
 from ember.record.precision import Precision, PrecisionLike
 from ember.record.problem import record_error
 from ember.record.reader import read_record
-from ember.record.target import Device, restore
+from ember.record.target import Device, item_state, restore
+
+EXTENSIONS: tuple[str, ...] = ("mpk", "mpk.gz", "bin", "bin.gz", "json", "json.gz", "safetensors")
+"""Extensions `load` tries, in order, when `path` names no existing file."""
+
+
+def load(target: Any, path: str | os.PathLike[str], *, device: Device = None) -> Any:
+    """Load the ember record at `path` into `target`, whatever recorder wrote it.
+
+    The format is recognised from the content (gzip and format magic), not the name; the
+    extension may be left out. Returns the target, or the decoded state tree (tensors on the
+    CPU or `device`) when `target` is None or a dict. Every failure is a `RecordError`.
+    """
+    file = find_record(path, EXTENSIONS)
+    return restore(read_record(file), target, file, device)
 
 
 class FileRecorder:
