@@ -143,7 +143,7 @@ def check_validation(
         if callable(hook):
             hook("valid")
         with evaluating(model, evaluation, autocast, after=True):
-            step = model.valid_step
+            step: Any = model.valid_step
             run_pass(
                 step,
                 "valid_step",
