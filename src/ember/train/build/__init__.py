@@ -1,0 +1,1 @@
+"""Building a run: the `LearnerBuilder`, its options, their checks and resolution."""
