@@ -23,6 +23,7 @@ from ember.train.files.artifacts import Artifacts
 from ember.train.files.lock import RunLock
 from ember.train.fit.finish import close, failure, print_summary
 from ember.train.fit.loop import TrainLoop
+from ember.train.fit.notices import ConsoleNotices
 from ember.train.fit.parts import Lasting
 from ember.train.fit.points import ValidationPoints
 from ember.train.fit.prepare import prepare, start
@@ -262,6 +263,7 @@ class Learner:
         train every epoch, end; the loggers, the renderer and the log always close."""
         state, options = self._state, self.options
         parts, notes = prepare(self.kit, state, train, valid, dist, lock)
+        notices = ConsoleNotices(parts.renderer).install() if parts.main else None
         reason: Outcome | str = "failed"
         recording = options.memory_history
         if recording is not None:
@@ -304,6 +306,8 @@ class Learner:
             if recording is not None:
                 stop_memory_history()
             close(parts, state, reason)
+            if notices is not None:
+                notices.uninstall()
             parts.app_log.uninstall()
         return self.model
 

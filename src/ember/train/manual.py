@@ -274,7 +274,7 @@ class StepContext:
                 f"Skipped the step of the optimizer {name!r} at epoch {self.epoch}, iteration "
                 f"{self.iteration}: non-finite loss (nonfinite_loss('skip'))."
             )
-            log.warning("%s", message)
+            log.warning("%s", message, extra={"ember_console": False})  # printed below
             print(f"ember: {message}", file=sys.stderr)
             return
         optim.apply(self.optimizers[name], optim.params[name], optim.drivers[name], name)

@@ -43,7 +43,12 @@ class Context:
     is (`iteration` counts the batches of the epoch). `output` is the last training
     step's `TrainOutput` and `loss` the loss about to be backpropagated (in
     `on_before_backward`). In the optimizer hooks, `optimizer_name` names the optimizer
-    being stepped (`optimizer` is that optimizer)."""
+    being stepped (`optimizer` is that optimizer). `values` holds the values of what just
+    ended, by split and metric: in `on_epoch_end` the epoch's (`values["valid"]["Loss"]`,
+    the numbers `history.jsonl` records), in `on_validation_end` that validation's
+    (`{"valid": {...}}`, at an epoch's end or at a validation point). A decision made
+    there (a learning rate annealed, a curriculum step) lands in the epoch's checkpoint,
+    which is written after `on_epoch_end`."""
 
     def __init__(
         self,
@@ -58,6 +63,7 @@ class Context:
         self.iteration = 0
         self.output: Any = None
         self.loss: torch.Tensor | None = None
+        self.values: dict[str, dict[str, float]] = {}
         self.optimizer_name: str = next(iter(self.optimizers), "")
 
     @property
@@ -171,7 +177,7 @@ class Callbacks:
         self.keys = _state_keys(self.callbacks)
 
     def update(self, **fields: Any) -> None:
-        """Set what the next hooks see (`epoch`, `iteration`, `output`, `loss`,
+        """Set what the next hooks see (`epoch`, `iteration`, `output`, `loss`, `values`,
         `optimizer_name`, `num_epochs`): the one place the context is written."""
         ctx = self.ctx
         for name, value in fields.items():

@@ -25,7 +25,7 @@ def valid_point(parts: FitParts, state: FitState) -> bool:
     assert points is not None and valid is not None
     events.hook("on_validation_start", epoch)  # e.g. an EMA validating its weights
     try:
-        points.run(
+        values = points.run(
             parts.model,
             valid,
             epoch,
@@ -38,6 +38,7 @@ def valid_point(parts: FitParts, state: FitState) -> bool:
             evaluation(parts.wrapped),
             state.counters.state(),
         )
+        events.values({"valid": values})
     finally:
         events.hook("on_validation_end", epoch)
     why = stop_at_point(parts.options.early_stopping, parts.history)
@@ -74,7 +75,9 @@ def valid_epoch(parts: FitParts, state: FitState) -> dict[str, float]:
                 parts.device,
                 each=each,
             )
-        return end_split(parts, "valid", epoch)
+        values = end_split(parts, "valid", epoch)
+        events.values({"valid": values})
+        return values
     finally:
         events.hook("on_validation_end", epoch)
         model.train()
@@ -113,6 +116,7 @@ def end_epoch(parts: FitParts, state: FitState, values: EpochValues) -> Outcome 
     if parts.length.train_for is not None:
         log.info("Progress after epoch %d: %s.", epoch, parts.length.progress_text())
     parts.optim.lr.end_epoch(values)  # an epoch-wise schedule steps before the checkpoint
+    parts.events.values(values)  # what on_epoch_end decides on
     parts.events.hook("on_epoch_end", epoch)  # callbacks decide before the checkpoint too
     reason = None
     stop = parts.options.interrupter.should_stop()
@@ -134,7 +138,7 @@ def end_epoch(parts: FitParts, state: FitState, values: EpochValues) -> Outcome 
         )
     else:
         parts.checkpoints.save(state.position(True), parts.model, parts.optim, dist)
-    parts.events.emit(EndEpoch(epoch, values))
+    parts.events.end_epoch(EndEpoch(epoch, values), getattr(parts.optim.lr, "scheduler", None))
     return reason
 
 

@@ -1,12 +1,23 @@
 """What a fit tells the outside: listeners get frozen events (`ember.train.events`),
-callbacks get their hooks, with the context updated first (`FitEvents`)."""
+callbacks get their hooks, with the context updated first (`FitEvents`).
+
+`EndEpoch` reaches the listeners after the epoch's checkpoint is written: a listener
+whose state changes then (or that changes the learning-rate schedule's) makes a
+decision no checkpoint holds, so a resumed run would not end like a straight one.
+`FitEvents.end_epoch` compares their `state_dict()` before and after and says so once
+per run, naming the callback hook that runs before the checkpoint."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import logging
+from typing import Any, Mapping, Sequence
+
+import torch
 
 from ember.train.callbacks.base import Callbacks
-from ember.train.events import Event
+from ember.train.events import EndEpoch, Event
+
+log = logging.getLogger("ember.train.learner")  # the run's own log, as the loop's
 
 
 class FitEvents:
@@ -16,6 +27,9 @@ class FitEvents:
         self.listeners = tuple(listeners)
         self.callbacks = callbacks
         self.any_listener = bool(self.listeners)
+        self.watch_end_epoch = self.any_listener
+        """Whether a listener's state is still compared around `EndEpoch` (until the
+        first change is reported)."""
 
     def emit(self, event: Event) -> None:
         """Send `event` to every listener, in registration order."""
@@ -39,7 +53,83 @@ class FitEvents:
         if self.callbacks is not None:
             self.callbacks.update(output=output)
 
+    def values(self, values: Mapping[str, Mapping[str, float]]) -> None:
+        """The values of the epoch or validation that just ended, for the next hooks."""
+        if self.callbacks is not None:
+            self.callbacks.update(values={split: dict(v) for split, v in values.items()})
+
+    def end_epoch(self, event: EndEpoch, schedule: Any) -> None:
+        """Send `EndEpoch` (after the epoch's checkpoint); a listener, or the
+        learning-rate `schedule`, whose state changed meanwhile is reported once."""
+        if not self.watch_end_epoch:
+            self.emit(event)
+            return
+        watched = [
+            (f"The listener {type(listener).__name__}", listener)
+            for listener in self.listeners
+            if callable(getattr(listener, "state_dict", None))
+        ]
+        if callable(getattr(schedule, "state_dict", None)) and all(
+            schedule is not other for _, other in watched
+        ):
+            watched.append((f"The learning-rate schedule {type(schedule).__name__}", schedule))
+        before = [snapshot(part.state_dict()) for _, part in watched]
+        self.emit(event)
+        for (name, part), saved in zip(watched, before):
+            if not same_state(saved, part.state_dict()):
+                self.watch_end_epoch = False
+                log.warning(
+                    "%s changed its state (state_dict) when the listeners received EndEpoch "
+                    "of epoch %d, which comes after the epoch's checkpoint: the checkpoint "
+                    "does not hold that change, so a run resumed from it would not end like "
+                    "one never stopped. Make the decision in a callback's on_epoch_end "
+                    "(LearnerBuilder.callback), which runs before the checkpoint and sees "
+                    "the epoch's values in ctx.values.",
+                    name,
+                    event.epoch,
+                )
+                return
+
     def epochs(self, num_epochs: int) -> None:
         """The run's epoch count (raised when a length in steps runs on)."""
         if self.callbacks is not None:
             self.callbacks.update(num_epochs=num_epochs)
+
+
+def snapshot(state: Any) -> Any:
+    """A copy of a `state_dict()` that later changes to the live one cannot reach."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().clone()
+    if isinstance(state, Mapping):
+        return {key: snapshot(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return [snapshot(value) for value in state]
+    return state
+
+
+def same_state(saved: Any, state: Any) -> bool:
+    """Whether `state` equals the `snapshot` `saved` (tensors exactly)."""
+    if isinstance(saved, torch.Tensor) or isinstance(state, torch.Tensor):
+        return (
+            isinstance(saved, torch.Tensor)
+            and isinstance(state, torch.Tensor)
+            and saved.shape == state.shape
+            and saved.dtype == state.dtype
+            and torch.equal(saved, state.detach().to(saved.device))
+        )
+    if isinstance(saved, Mapping):
+        return (
+            isinstance(state, Mapping)
+            and saved.keys() == state.keys()
+            and all(same_state(saved[key], state[key]) for key in saved)
+        )
+    if isinstance(saved, list):
+        return (
+            isinstance(state, (list, tuple))
+            and len(saved) == len(state)
+            and all(same_state(a, b) for a, b in zip(saved, state))
+        )
+    try:
+        return bool(saved == state)
+    except Exception:
+        return False

@@ -282,7 +282,7 @@ class Stepper:
             f"Skipped the optimizer step at epoch {self.state.epoch}, iteration "
             f"{self.state.iteration}: non-finite loss{where} (nonfinite_loss('skip'))."
         )
-        log.warning("%s", message)
+        log.warning("%s", message, extra={"ember_console": False})  # printed below
         print(f"ember: {message}", file=sys.stderr)
 
 

@@ -107,6 +107,10 @@ class PlainRenderer:
             f"{format_duration(progress.elapsed)}  {values}".rstrip()
         )
 
+    def notice(self, text: str) -> None:
+        """A warning about the run, shown once (`experiment.log` has it too)."""
+        self._write(f"warning: {text}")
+
     def end(self, reason: str) -> None:
         self._write(f"training {reason}")
 
