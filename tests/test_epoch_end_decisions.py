@@ -118,9 +118,9 @@ def test_an_anneal_rule_in_on_epoch_end_resumes_exactly(tmp_path):
     for name, tensor in straight.state_dict().items():
         assert torch.equal(tensor, resumed.state_dict()[name]), name
     straight_history = (tmp_path / "straight" / "history.jsonl").read_text()
-    assert [e for e in learner.history] == [
-        e for e in run_history(tmp_path / "straight")
-    ], straight_history
+    assert [e for e in learner.history] == [e for e in run_history(tmp_path / "straight")], (
+        straight_history
+    )
 
 
 def run_history(directory: Path):

@@ -19,18 +19,8 @@ from ember.train.build.checks import (
     check_processes,
     check_resume,
 )
+from ember.train.build.resolve import place_model, run_checkpointer, run_device
 from ember.train.build.state import BuilderState
-from ember.train.callbacks.base import check_callback, is_callback
-from ember.train.checkpoint.base import Checkpointer
-from ember.train.checkpoint.strategy import CheckpointingStrategy
-from ember.train.distributed import world_size
-from ember.train.length.duration import Duration
-from ember.train.early_stopping import EarlyStoppingStrategy, PruningStrategy
-from ember.train.events import Listener
-from ember.train.length.interrupter import Interrupter
-from ember.train.logger.base import MetricLogger
-from ember.train.metric.base import Metric
-from ember.train.optimization import check_mixed_precision
 from ember.train.build.values import (
     batch_limit,
     check_accumulation,
@@ -48,11 +38,21 @@ from ember.train.build.values import (
     train_length,
     valid_cadence,
 )
+from ember.train.callbacks.base import check_callback, is_callback
+from ember.train.checkpoint.base import Checkpointer
+from ember.train.checkpoint.strategy import CheckpointingStrategy
+from ember.train.distributed import world_size
+from ember.train.early_stopping import EarlyStoppingStrategy, PruningStrategy
+from ember.train.events import Listener
+from ember.train.length.duration import Duration
+from ember.train.length.interrupter import Interrupter
+from ember.train.logger.base import MetricLogger
+from ember.train.metric.base import Metric
+from ember.train.optimization import check_mixed_precision
 from ember.train.options import RegisteredMetric
 from ember.train.parallel import FsdpOptions, choose
 from ember.train.plugins import check_plugin
 from ember.train.renderer.base import Renderer
-from ember.train.build.resolve import place_model, run_checkpointer, run_device
 
 if TYPE_CHECKING:
     from ember.train.learner import Learner

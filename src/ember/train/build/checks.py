@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import torch
 
 from ember.errors import ConfigError
-from ember.train.files.artifacts import Artifacts
 from ember.train.checkpoint.file import FileCheckpointer, other_checkpoint_formats
+from ember.train.files.artifacts import Artifacts
 from ember.train.manual import check_automatic, check_manual
 from ember.train.step import check_steps
 

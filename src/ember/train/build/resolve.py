@@ -12,7 +12,6 @@ import torch
 
 from ember.errors import ConfigError
 from ember.lr.base import ConstantLr, LrDriver, StepsUnknown
-from ember.train.files.artifacts import Artifacts
 from ember.train.callbacks.base import Callbacks, Context
 from ember.train.checkpoint.file import FileCheckpointer
 from ember.train.checkpoint.strategy import (
@@ -22,6 +21,7 @@ from ember.train.checkpoint.strategy import (
     MetricCheckpointingStrategy,
 )
 from ember.train.distributed import process_device
+from ember.train.files.artifacts import Artifacts
 from ember.train.manual import ManualOptimization
 from ember.train.optimization import Optimization
 

@@ -9,17 +9,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ember.train.build.resolve import bound_optimization, lr_monitor, retention, run_cadence
 from ember.train.length.interrupter import Interrupter
 from ember.train.options import LearnerOptions, RegisteredMetric
-from ember.train.build.resolve import bound_optimization, lr_monitor, retention, run_cadence
 
 if TYPE_CHECKING:
     from ember.record.protocol import Recorder
     from ember.train.checkpoint.base import Checkpointer
     from ember.train.checkpoint.strategy import CheckpointingStrategy
-    from ember.train.length.duration import Duration
     from ember.train.early_stopping import EarlyStoppingStrategy, PruningStrategy
     from ember.train.events import Listener
+    from ember.train.length.duration import Duration
     from ember.train.logger.base import MetricLogger
     from ember.train.optimization import Optimization
     from ember.train.parallel import FsdpOptions
