@@ -255,6 +255,27 @@ def test_largest_allocations_lists_live_blocks_largest_first_with_their_frame():
     assert largest_allocations(SNAPSHOT, count=1) == ["3.00 GiB at train.py:10 (forward)"]
 
 
+def test_the_frame_named_is_the_users_python_line_not_a_cpp_torch_or_ember_frame():
+    """What a CUDA snapshot records, innermost first: C++ frames (`??:0`), then torch's,
+    ember's and the standard library's Python frames, then the user's."""
+    frames = [
+        {"filename": "??", "line": 0, "name": "torch::unwind::unwind()"},
+        {"filename": "/usr/lib/libtorch_cuda.so", "line": 0, "name": "c10::cuda::alloc"},
+        {"filename": "/venv/lib/python3.11/site-packages/torch/nn/functional.py", "line": 9},
+        {"filename": "/usr/lib/python3.11/contextlib.py", "line": 81, "name": "inner"},
+        {"filename": "/venv/site-packages/ember/train/fit/stepper.py", "line": 5, "name": "step"},
+        {"filename": "/home/me/train.py", "line": 10, "name": "forward"},
+        {"filename": "/home/me/run.py", "line": 50, "name": "<module>"},
+    ]
+    snapshot = [{"blocks": [{"size": 2**29, "state": "active_allocated", "frames": frames}]}]
+    assert largest_allocations(snapshot) == ["512.00 MiB at /home/me/train.py:10 (forward)"]
+    inside = [frame for frame in frames if "/me/" not in frame["filename"]]
+    snapshot[0]["blocks"][0]["frames"] = inside  # no user frame: a Python frame still wins
+    assert largest_allocations(snapshot) == [
+        "512.00 MiB at /venv/lib/python3.11/site-packages/torch/nn/functional.py:9 (None)"
+    ]
+
+
 class Hungry(nn.Module):
     def __init__(self):
         super().__init__()
@@ -286,7 +307,8 @@ def test_out_of_memory_writes_the_snapshot_and_names_the_largest_allocations(
         f"The allocation history is in {snapshot}: open it at https://pytorch.org/memory_viz"
         in note
     )
-    assert recorded == [{"max_entries": 1000}, {"enabled": None}]  # recorded during fit only
+    # recorded during fit only, with the Python stacks that name the user's lines
+    assert recorded == [{"max_entries": 1000, "stacks": "python"}, {"enabled": None}]
     assert "open it at https://pytorch.org/memory_viz" in (tmp_path / "experiment.log").read_text()
 
 
@@ -326,6 +348,8 @@ def test_a_real_out_of_memory_on_cuda_leaves_a_snapshot(tmp_path, quiet):
             torch.empty(2**50, device="cuda")  # 4 PiB: out of memory
             raise AssertionError("not reached")
 
+    line = Greedy.train_step.__code__.co_firstlineno + 1  # where the 1 GiB is allocated
+
     learner = (
         LearnerBuilder(tmp_path)
         .devices(["cuda:0"])
@@ -336,4 +360,5 @@ def test_a_real_out_of_memory_on_cuda_leaves_a_snapshot(tmp_path, quiet):
     with pytest.raises(torch.OutOfMemoryError) as raised:
         learner.fit([(torch.zeros(4, 2),)])
     assert (tmp_path / "memory-snapshot.pickle").stat().st_size > 0
-    assert "1.00 GiB at " in "\n".join(raised.value.__notes__)
+    note = "\n".join(raised.value.__notes__)
+    assert f"1.00 GiB at {__file__}:{line} (train_step)" in note, note

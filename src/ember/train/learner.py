@@ -38,7 +38,12 @@ from ember.train.length.run_length import RunLength
 from ember.train.length.signals import signal_handlers
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
-from ember.train.memory import memory_post_mortem, start_memory_history, stop_memory_history
+from ember.train.memory import (
+    memory_post_mortem,
+    note_out_of_memory,
+    start_memory_history,
+    stop_memory_history,
+)
 from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome, StopReason
 from ember.train.smoke import SmokeReport, smoke_test
@@ -297,9 +302,11 @@ class Learner:
             if options.summary and parts.main:
                 print_summary(parts, reason)
         except BaseException as error:
-            if recording is not None and isinstance(error, torch.OutOfMemoryError):
-                rank = dist.rank if dist is not None else 0
-                memory_post_mortem(error, self.kit.artifacts.memory_snapshot(rank))
+            if isinstance(error, torch.OutOfMemoryError):
+                note_out_of_memory(error, state.epoch, state.iteration, self.optim.micro_split)
+                if recording is not None:
+                    rank = dist.rank if dist is not None else 0
+                    memory_post_mortem(error, self.kit.artifacts.memory_snapshot(rank))
             reason = self._outcome = failure(state, dist, error)
             raise
         finally:

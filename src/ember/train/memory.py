@@ -17,8 +17,9 @@ MEMORY_VIZ = "https://pytorch.org/memory_viz"
 
 
 def start_memory_history(max_entries: int) -> None:
-    """Record the CUDA allocations and their stacks (the last `max_entries` events)."""
-    torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    """Record the CUDA allocations and their Python stacks (the last `max_entries`
+    events): the post-mortem names the Python line that allocated each block."""
+    torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
 
 
 def stop_memory_history() -> None:
@@ -27,8 +28,8 @@ def stop_memory_history() -> None:
 
 def largest_allocations(segments: list[dict[str, Any]], count: int = 5) -> list[str]:
     """The `count` largest live blocks of a `torch.cuda.memory_snapshot()`, largest first,
-    each with its size and where it was allocated (the innermost frame outside torch,
-    when the history recorded stacks)."""
+    each with its size and the Python line that allocated it (`user_frame`), when the
+    history recorded stacks."""
     blocks = [
         block
         for segment in segments
@@ -38,14 +39,28 @@ def largest_allocations(segments: list[dict[str, Any]], count: int = 5) -> list[
     blocks.sort(key=lambda block: int(block.get("size", 0)), reverse=True)
     lines = []
     for block in blocks[:count]:
-        frames = block.get("frames") or []
-        ours = [frame for frame in frames if "/torch/" not in str(frame.get("filename", ""))]
-        frame = (ours or frames or [None])[0]
+        frame = user_frame(block.get("frames") or [])
         where = "(no stack recorded)"
         if frame is not None:
             where = f"at {frame.get('filename')}:{frame.get('line')} ({frame.get('name')})"
         lines.append(f"{_size(int(block.get('size', 0)))} {where}")
     return lines
+
+
+def user_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The frame that names where a block was allocated, innermost first: the first
+    Python frame outside torch and ember (the user's model or script); else the first
+    Python frame; else the first frame (C++ only: `??:0 (torch::unwind::unwind())`
+    says nothing, so a Python frame always wins over it)."""
+    python = [frame for frame in frames if str(frame.get("filename", "")).endswith(".py")]
+    for frame in python:
+        path = str(frame.get("filename", "")).replace("\\", "/")
+        if not any(part in path for part in _LIBRARY_PATHS):
+            return frame
+    return (python or frames or [None])[0]
+
+
+_LIBRARY_PATHS = ("/torch/", "/ember/", "/contextlib.py", "/functools.py")
 
 
 def _size(size: int) -> str:
@@ -76,4 +91,54 @@ def memory_post_mortem(error: BaseException, path: Path) -> None:
     error.add_note(  # type: ignore[attr-defined]
         f"ember: the largest live CUDA allocations:{listing}\n"
         f"The allocation history is in {path}: open it at {MEMORY_VIZ}."
+    )
+
+
+# Where in a step memory ran out -----------------------------------------------------
+_PHASES = (  # (a path the frame's file contains, its function names, the phase)
+    ("/ember/train/optimization.py", ("backward",), "the backward pass"),
+    ("/ember/train/manual.py", ("backward",), "the backward pass"),
+    (
+        "/ember/train/optimization.py",
+        ("step", "apply", "bare_step", "_update"),
+        "the optimizer step",
+    ),
+    ("/ember/train/manual.py", ("step",), "the optimizer step"),
+    ("/ember/train/processor.py", ("update", "check", "end_split", "flush"), "a metric update"),
+    ("/ember/train/fit/evaluation.py", ("run_pass", "check_validation"), "validation"),
+    ("/ember/train/checkpoint/", ("save", "_write", "write"), "writing a checkpoint"),
+)
+
+
+def out_of_memory_phase(error: BaseException) -> str:
+    """Which part of a training step an out-of-memory error came from, read off its
+    traceback (the innermost part that names one): the forward pass (a model's
+    `train_step`), the backward pass, the optimizer step, a metric update, validation
+    or a checkpoint write."""
+    phase = "the forward pass (train_step)"
+    trace = error.__traceback__
+    while trace is not None:
+        code = trace.tb_frame.f_code
+        path = code.co_filename.replace("\\", "/")
+        for part, names, name in _PHASES:
+            if part in path and code.co_name in names:
+                phase = name
+        if code.co_name == "train_step" and "/ember/" not in path:
+            phase = "the forward pass (train_step)"
+        trace = trace.tb_next
+    return phase
+
+
+def note_out_of_memory(
+    error: BaseException, epoch: int, iteration: int, micro_split: int | None
+) -> None:
+    """Add to an out-of-memory error that ends a run where it came from."""
+    split = (
+        f"; grads_accumulation('auto') split every batch into {micro_split} micro-batches"
+        if micro_split is not None
+        else ""
+    )
+    error.add_note(  # type: ignore[attr-defined]
+        f"ember: out of memory in {out_of_memory_phase(error)} at epoch {epoch}, "
+        f"iteration {iteration}{split}."
     )
