@@ -57,7 +57,8 @@ def user_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
         path = str(frame.get("filename", "")).replace("\\", "/")
         if not any(part in path for part in _LIBRARY_PATHS):
             return frame
-    return (python or frames or [None])[0]
+    first = python or frames
+    return first[0] if first else None
 
 
 _LIBRARY_PATHS = ("/torch/", "/ember/", "/contextlib.py", "/functools.py")
