@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv data tmux demo test test-fast test-cuda check docs bench bench-gpu clean
+.PHONY: venv data tmux demo test test-fast test-cuda check docs bench bench-gpu gpu-check clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,11 @@ bench: venv
 
 bench-gpu: venv
 	$(PY) bench/gpu.py --reps 3 $(ARGS)
+
+# Every check that needs a CUDA GPU, in the Python it is started with (a GPU machine's
+# own CUDA build of torch; no virtualenv, nothing fetched): bench/results/gpu-check.md.
+gpu-check:
+	PYTHONPATH=src $(PYTHON) bench/gpu_check.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache .hypothesis

@@ -1,16 +1,19 @@
 """ember on a CUDA GPU against a hand-written loop: fit time, host syncs, peak memory.
 
-    python bench/gpu.py [--reps 3] [--steps 300] [--epochs 2] [--workloads mlp,resnet18,transformer]
-                        [--variants raw,ember,...] [--out bench/results/gpu.md]
+    python bench/gpu.py [--reps 3] [--steps 300] [--epochs 2] [--workloads mlp,resnet18,...]
+                        [--variants raw,ember,...] [--snapshot DIR] [--out bench/results/gpu.md]
 
-Workloads, on synthetic batches made on the GPU before the clock starts (16 distinct
-batches, cycled), no data loading:
+Workloads (`bench/gpu_workloads.py`), on synthetic batches made on the GPU before the
+clock starts (16 distinct batches, cycled), no data loading: `mlp` (784-128-10, batch
+64, float32), `resnet18` (batch 256, bf16 autocast), `transformer` (8 encoder layers,
+d=512, 256 tokens, vocabulary 1,000, batch 32, bf16) and `lm8192` (the same with a
+vocabulary of 8,192: logits dominate the step's memory, as a language model's do).
 
-- `mlp`: MLP 784-128-10, batch 64, float32.
-- `resnet18`: ResNet-18 on 3x32x32 images, 10 classes, batch 256, bf16 autocast
-  (torchvision's when installed, else the same network defined here).
-- `transformer`: 8 encoder layers, d=512, 8 heads, feed-forward 2048, 256 tokens,
-  vocabulary 1,000, batch 32, bf16 autocast; a token-level classification loss.
+With `--snapshot DIR`, each process also records its CUDA allocations with their Python
+stacks, writes PyTorch's snapshot (`DIR/<variant>-<workload>.pickle`, for
+https://pytorch.org/memory_viz) and a summary of what was live at its peak by the line
+that allocated it (`DIR/<variant>-<workload>.json`, `bench/gpu_memory.py`); the report
+then shows, per workload, ember's peak against raw's by allocating line.
 
 Variants, each in a fresh process, the variants of a workload alternating and their
 order rotating between repetitions:
@@ -46,7 +49,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-WORKLOADS = ("mlp", "resnet18", "transformer")
+from gpu_workloads import WORKLOADS, Cycle, make_batches, network, settings
+
 RECORDERS = (
     "DefaultRecorder",
     "CompactRecorder",
@@ -57,9 +61,7 @@ RECORDERS = (
 )
 SLOW_RECORDERS = ("PrettyJsonFileRecorder", "JsonGzFileRecorder")
 BASE_VARIANTS = ("raw", "ember", *(f"ember_{name}" for name in RECORDERS), "lightning_min")
-DISTINCT_BATCHES = 16
 LR = 1e-3
-VOCAB, TOKENS, D_MODEL = 1000, 256, 512
 
 
 def require_cuda() -> None:
@@ -72,110 +74,6 @@ def require_cuda() -> None:
             f"(torch {torch.__version__}, built with {built}). Run it on a machine with an "
             "NVIDIA GPU and a CUDA build of torch; bench/run.py measures the CPU."
         )
-
-
-# Workloads -----------------------------------------------------------------------------
-def resnet18():
-    """torchvision's ResNet-18 (10 classes), or the same network defined here."""
-    try:
-        import torchvision
-
-        return torchvision.models.resnet18(num_classes=10)
-    except ImportError:
-        pass
-    from torch import nn
-
-    class Block(nn.Module):
-        def __init__(self, cin: int, cout: int, stride: int) -> None:
-            super().__init__()
-            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.bn1 = nn.BatchNorm2d(cout)
-            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.bn2 = nn.BatchNorm2d(cout)
-            self.down = None
-            if stride != 1 or cin != cout:
-                self.down = nn.Sequential(
-                    nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
-                )
-
-        def forward(self, x):
-            out = self.bn2(self.conv2(self.bn1(self.conv1(x)).relu()))
-            return (out + (x if self.down is None else self.down(x))).relu()
-
-    layers = [
-        nn.Conv2d(3, 64, 7, 2, 3, bias=False),
-        nn.BatchNorm2d(64),
-        nn.ReLU(),
-        nn.MaxPool2d(3, 2, 1),
-    ]
-    for cin, cout, stride in ((64, 64, 1), (64, 128, 2), (128, 256, 2), (256, 512, 2)):
-        layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10)]
-    return nn.Sequential(*layers)
-
-
-def network(workload: str):
-    import torch
-    from torch import nn
-
-    torch.manual_seed(0)
-    if workload == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
-    if workload == "resnet18":
-        return resnet18()
-
-    class Encoder(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Embedding(VOCAB, D_MODEL)
-            layer = nn.TransformerEncoderLayer(D_MODEL, 8, 2048, batch_first=True)
-            self.encoder = nn.TransformerEncoder(layer, 8, enable_nested_tensor=False)
-            self.head = nn.Linear(D_MODEL, VOCAB)
-
-        def forward(self, tokens):
-            return self.head(self.encoder(self.embed(tokens))).reshape(-1, VOCAB)
-
-    return Encoder()
-
-
-def settings(workload: str) -> tuple[int, str | None]:
-    """Batch size and mixed precision of a workload."""
-    return {"mlp": (64, None), "resnet18": (256, "bf16"), "transformer": (32, "bf16")}[workload]
-
-
-def make_batches(workload: str, device):
-    """Distinct (inputs, targets) batches on the device; targets are per row of the
-    network's output (per token for the transformer)."""
-    import torch
-
-    batch, _ = settings(workload)
-    generator = torch.Generator(device=device).manual_seed(1)
-    out = []
-    for _ in range(DISTINCT_BATCHES):
-        if workload == "mlp":
-            inputs = torch.randn(batch, 28, 28, device=device, generator=generator)
-            targets = torch.randint(0, 10, (batch,), device=device, generator=generator)
-        elif workload == "resnet18":
-            inputs = torch.randn(batch, 3, 32, 32, device=device, generator=generator)
-            targets = torch.randint(0, 10, (batch,), device=device, generator=generator)
-        else:
-            inputs = torch.randint(0, VOCAB, (batch, TOKENS), device=device, generator=generator)
-            targets = torch.randint(0, VOCAB, (batch * TOKENS,), device=device, generator=generator)
-        out.append((inputs, targets))
-    return out
-
-
-class Cycle:
-    """`steps` batches per epoch, cycling through the distinct ones."""
-
-    def __init__(self, batches, steps: int) -> None:
-        self.batches, self.steps = batches, steps
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self):
-        return (self.batches[i % len(self.batches)] for i in range(self.steps))
 
 
 # Variants ------------------------------------------------------------------------------
@@ -281,7 +179,9 @@ def run_lightning(model, data, epochs: int, precision: str | None, device) -> di
     return {"loss": float(metrics["loss_epoch"]), "accuracy": 100.0 * float(metrics["acc_epoch"])}
 
 
-def child(variant: str, workload: str, steps: int, epochs: int, device_name: str) -> dict:
+def child(
+    variant: str, workload: str, steps: int, epochs: int, device_name: str, snapshot: str | None
+) -> dict:
     """One measurement (in its own process); returns what the parent reports."""
     import torch
 
@@ -299,6 +199,8 @@ def child(variant: str, workload: str, steps: int, epochs: int, device_name: str
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        if snapshot:
+            torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
     waits = [0]
     if cuda:  # waits on events are synchronisations too; the debug mode may not see them
         event_wait = torch.cuda.Event.synchronize
@@ -330,7 +232,21 @@ def child(variant: str, workload: str, steps: int, epochs: int, device_name: str
                 torch.cuda.Event.synchronize = event_wait  # type: ignore[method-assign]
     syncs = waits[0] + sum("synchronizing" in str(w.message) for w in caught)
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else float("nan")
+    if cuda and snapshot:
+        write_snapshot(Path(snapshot), f"{variant}-{workload}")
     return {"fit_s": seconds, "syncs": syncs, "peak_mib": peak, **values}
+
+
+def write_snapshot(directory: Path, name: str) -> None:
+    """PyTorch's snapshot for memory_viz, and the summary of the peak by allocating line."""
+    import torch
+    from gpu_memory import peak_by_frame
+
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.cuda.memory._dump_snapshot(str(directory / f"{name}.pickle"))
+    summary = peak_by_frame(torch.cuda.memory._snapshot(), torch.cuda.current_device())
+    (directory / f"{name}.json").write_text(json.dumps(summary, indent=1))
+    torch.cuda.memory._record_memory_history(enabled=None)
 
 
 # The parent ----------------------------------------------------------------------------
@@ -349,6 +265,8 @@ def available(variant: str) -> bool:
 def measure(variant: str, workload: str, args) -> dict:
     command = [sys.executable, __file__, "--child", variant, workload]
     command += ["--steps", str(args.steps), "--epochs", str(args.epochs), "--device", args.device]
+    if args.snapshot:
+        command += ["--snapshot", args.snapshot]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
@@ -395,7 +313,24 @@ def report(results: dict, args, variants: list[str]) -> str:
                 f"| {workload} | {variant} | {fit:.3f} | {ratio} | {syncs:g} | {peak:.0f} | "
                 f"{peak / raw_peak:.3f} | {last['loss']:.4f} | {last['accuracy']:.2f} |"
             )
+    if args.snapshot:
+        lines += snapshot_tables(Path(args.snapshot), args.workloads, variants)
     return "\n".join(lines) + "\n"
+
+
+def snapshot_tables(directory: Path, workloads: list[str], variants: list[str]) -> list[str]:
+    """Per workload and ember variant: what was live at its peak against raw's, by line."""
+    from gpu_memory import diff_table
+
+    lines = ["", "## Where the peak memory goes (the last repetition's allocations)", ""]
+    for workload in workloads:
+        raw = directory / f"raw-{workload}.json"
+        for variant in (v for v in variants if v.startswith("ember")):
+            mine = directory / f"{variant}-{workload}.json"
+            if raw.exists() and mine.exists():
+                table = diff_table(json.loads(raw.read_text()), json.loads(mine.read_text()))
+                lines += [f"### {workload}: {variant} against raw", "", table, ""]
+    return lines
 
 
 def main() -> None:
@@ -415,11 +350,15 @@ def main() -> None:
         help="cuda (default); 'cpu' only checks the harness itself (no syncs or memory)",
     )
     parser.add_argument("--out", default="bench/results/gpu.md")
+    parser.add_argument(
+        "--snapshot", default=None, help="record allocations; write snapshots and summaries here"
+    )
     parser.add_argument("--child", nargs=2, metavar=("VARIANT", "WORKLOAD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         variant, workload = args.child
-        print(json.dumps(child(variant, workload, args.steps, args.epochs, args.device)))
+        result = child(variant, workload, args.steps, args.epochs, args.device, args.snapshot)
+        print(json.dumps(result))
         return
     if args.device.startswith("cuda"):
         require_cuda()

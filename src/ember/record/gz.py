@@ -15,9 +15,9 @@ The deflate data is compressed in 256 KiB chunks on several threads at once (zli
 ISA-L release the GIL), each chunk primed with the 32 KiB before it and ended by a sync
 flush, so the chunks join into one ordinary deflate stream (as `pigz` does): `gunzip`,
 Python's `gzip` and the gzip reader of earlier ember releases read it as any other gzip
-file. With the optional `isal` package (`pip install ember[fast-gzip]`) the chunks are
-compressed by ISA-L, several times faster than zlib at a similar size; without it, by
-the standard library's zlib. The output depends only on the input and the compressor
+file. With the `isal` package (installed with ember) the chunks are compressed by
+ISA-L, several times faster than zlib at a similar size; where it is missing (a
+platform without its wheels, or removed), by the standard library's zlib. The output depends only on the input and the compressor
 (equal input, equal bytes).
 
 Every header byte must be exactly this, and the content must inflate to exactly the declared
@@ -93,7 +93,7 @@ def deflate_module(compressor: Compressor = "auto") -> ModuleType:
     except ImportError:
         if compressor == "isal":
             raise ConfigError(
-                "the 'isal' compressor needs the isal package: pip install 'ember[fast-gzip]'"
+                "the 'isal' compressor needs the isal package, which ember installs: pip install isal"
             ) from None
         return zlib
     return isal_zlib
