@@ -58,6 +58,8 @@ class Optimization:
         self.micro_split: int | None = None
         """Under `grads_accumulation("auto")`: how many micro-batches each batch is split
         into (1 until a step runs out of memory; `train/oom.py`). None otherwise."""
+        self.notes: list[str] = []
+        """Warnings about the optimization found at build, for the run's log."""
 
     def autocast(self) -> ContextManager[Any]:
         """The context the steps run in: autocast under mixed precision, else nothing."""

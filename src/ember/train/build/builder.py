@@ -417,10 +417,11 @@ class LearnerBuilder:
         return self._state.interrupter
 
     # Build -------------------------------------------------------------------
-    def build(self, model: torch.nn.Module, optimizer: Any, lr: Any) -> Learner:
+    def build(self, model: torch.nn.Module, optimizer: Any, lr: Any = None) -> Learner:
         """The Learner for `model`. `optimizer` is a torch optimizer over the model's
         parameters or an ember optimizer config; `lr` a float, an ember scheduler or a
-        `torch.optim.lr_scheduler` object.
+        `torch.optim.lr_scheduler` object. Left out, a torch optimizer trains at the
+        rates of its param groups, constant (an ember optimizer config needs a rate).
 
         Custom optimization: `optimizer` a dict of named optimizers (`{"gen": ...,
         "disc": ...}`), `lr` a dict with the same names (or one float for all), and the
