@@ -12,6 +12,7 @@ from ember.environment import from_environment
 from ember.errors import ConfigError
 from ember.train.build.checks import (
     check_checkpointing,
+    check_closures,
     check_device,
     check_micro_auto,
     check_model,
@@ -440,6 +441,9 @@ class LearnerBuilder:
         check_device(device, state.memory_history, state.fsdp)
         place_model(model, device, state.recompute, state.compile)
         optimization = state.optimization(model, optimizer, lr, device)
+        check_closures(
+            optimization, state.grads_accumulation, state.micro_auto, state.mixed_precision
+        )
         checkpointer = run_checkpointer(state.checkpointer, state.recorder, state.artifact_dir)
         check_resume(state.checkpoint, checkpointer, state.artifact_dir, state.recorder)
         check_checkpointing(
