@@ -8,7 +8,7 @@ columns ([N, B], time-major); each batch is the next `bptt` rows of every column
 from one batch to the next within a split (detached, so gradients stop at the batch
 boundary) and starts each split from zeros. Plain SGD with gradient clipping; the
 learning rate is divided by 4 whenever the validation loss stops improving
-(`ReduceLROnPlateau(factor=0.25, patience=0)`). The figure that matters is the
+(`ReduceLROnPlateau(factor=0.25, patience=0, threshold=0)`). The figure that matters is the
 perplexity, exp of the mean loss per word, on the validation and test text.
 
 The text is the bundled `data/sentences.txt` (sentences of a small grammar, made by
@@ -252,7 +252,10 @@ def train(
     model = RnnLanguageModel(config, len(corpus))
     optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate)
     # Stepped by ember at each epoch's end on the validation Loss, before the checkpoint.
-    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.25, patience=0)
+    # threshold=0: any lower loss is an improvement, as the script's `val_loss < best`.
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        optimizer, factor=0.25, patience=0, threshold=0
+    )
     builder = (
         LearnerBuilder(artifact_dir, overwrite=not resume)
         .metric_train_numeric(LossMetric())
