@@ -14,7 +14,8 @@ from torch import nn
 
 import ember
 from ember.errors import ConfigError, TrainingError
-from ember.train import LearnerBuilder, RegressionOutput, TrainOutput
+from ember.record import DefaultRecorder
+from ember.train import LearnerBuilder, RegressionOutput, StartSplit, TrainOutput
 from ember.train.logger import read_metric_log
 from ember.train.metric import LossMetric
 
@@ -258,3 +259,46 @@ def test_the_learning_rate_range_test_steps_lbfgs_with_its_closure(tmp_path, qui
     result = learner.lr_find([train] * 3, start=0.01, end=1.0, steps=3)
     assert result.lrs == pytest.approx([0.01, 0.1, 1.0])
     assert len(result.losses) == 3
+
+
+class StopAfterFirst:
+    """Stops the run once its first step is taken (its test pass ends it)."""
+
+    def __init__(self, interrupter) -> None:
+        self.interrupter = interrupter
+
+    def on_event(self, event) -> None:
+        if isinstance(event, StartSplit) and (event.split, event.epoch) == ("valid", 1):
+            self.interrupter.stop("stopped after a step")
+
+
+def test_a_run_stopped_after_a_step_resumes_to_the_same_weights(tmp_path, quiet):
+    """L-BFGS's state (its curvature pairs) and the double weights are checkpointed
+    exactly: a run stopped after its first step and resumed ends as one never stopped."""
+
+    def run(directory, stop=False, resume=False):
+        ember.seed(0)
+        train, test = splits()
+        model = Ported().double()
+        builder = (
+            LearnerBuilder(directory)
+            .metric_valid_numeric(LossMetric())
+            .with_file_checkpointer(DefaultRecorder())
+            .num_epochs(STEPS)
+            .renderer(quiet)
+        )
+        if resume:
+            builder = builder.checkpoint("latest")
+        if stop:
+            builder = builder.listener(StopAfterFirst(builder.interrupter()))
+        learner = builder.build(model, torch.optim.LBFGS(model.parameters(), lr=0.8))
+        return learner.fit([train], [test]), learner
+
+    straight, whole = run(tmp_path / "straight")
+    _, first = run(tmp_path / "resumed", stop=True)
+    assert first.outcome == "stopped: stopped after a step"
+    resumed, second = run(tmp_path / "resumed", resume=True)
+    assert second.outcome == "completed"
+    assert second.history == whole.history
+    for name, value in straight.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], value), name
