@@ -119,7 +119,9 @@ def plain_script(steps: int = STEPS):
     return seq, history
 
 
-def ember_run(directory, quiet, steps: int = STEPS, clip: float | None = None):
+def ember_run(directory, quiet, steps: int = STEPS, clip: float | None = None, **resumes):
+    """The port's run; `stop=True` stops it after its first step, `resume=True`
+    resumes it (both checkpoint with DefaultRecorder)."""
     ember.seed(0)
     train, test = splits()
     model = Ported().double()
@@ -132,6 +134,12 @@ def ember_run(directory, quiet, steps: int = STEPS, clip: float | None = None):
     )
     if clip is not None:
         builder = builder.grad_clipping(norm=clip)
+    if resumes:
+        builder = builder.with_file_checkpointer(DefaultRecorder())
+    if resumes.get("resume"):
+        builder = builder.checkpoint("latest")
+    if resumes.get("stop"):
+        builder = builder.listener(StopAfterFirst(builder.interrupter()))
     learner = builder.build(model, torch.optim.LBFGS(model.parameters(), lr=0.8))
     return learner.fit([train], [test]), learner
 
@@ -276,28 +284,10 @@ def test_a_run_stopped_after_a_step_resumes_to_the_same_weights(tmp_path, quiet)
     """L-BFGS's state (its curvature pairs) and the double weights are checkpointed
     exactly: a run stopped after its first step and resumed ends as one never stopped."""
 
-    def run(directory, stop=False, resume=False):
-        ember.seed(0)
-        train, test = splits()
-        model = Ported().double()
-        builder = (
-            LearnerBuilder(directory)
-            .metric_valid_numeric(LossMetric())
-            .with_file_checkpointer(DefaultRecorder())
-            .num_epochs(STEPS)
-            .renderer(quiet)
-        )
-        if resume:
-            builder = builder.checkpoint("latest")
-        if stop:
-            builder = builder.listener(StopAfterFirst(builder.interrupter()))
-        learner = builder.build(model, torch.optim.LBFGS(model.parameters(), lr=0.8))
-        return learner.fit([train], [test]), learner
-
-    straight, whole = run(tmp_path / "straight")
-    _, first = run(tmp_path / "resumed", stop=True)
+    straight, whole = ember_run(tmp_path / "straight", quiet, stop=False)
+    _, first = ember_run(tmp_path / "resumed", quiet, stop=True)
     assert first.outcome == "stopped: stopped after a step"
-    resumed, second = run(tmp_path / "resumed", resume=True)
+    resumed, second = ember_run(tmp_path / "resumed", quiet, resume=True)
     assert second.outcome == "completed"
     assert second.history == whole.history
     for name, value in straight.state_dict().items():
