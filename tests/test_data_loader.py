@@ -71,6 +71,21 @@ def test_iterating_does_not_touch_the_global_rng():
     assert torch.equal(torch.rand(1), expected)
 
 
+def test_a_torch_data_loader_draws_one_number_a_pass_where_ours_draws_none():
+    """What docs/ported.md tells porters: torch's DataLoader takes one int64 from the
+    global generator at each iter() (its workers' base seed), so a script's dropout
+    masks follow from the loader it uses; DataLoaderBuilder takes none."""
+    torch.manual_seed(0)
+    torch.empty((), dtype=torch.int64).random_()  # one draw
+    once = torch.get_rng_state()
+    torch.manual_seed(0)
+    list(torch.utils.data.DataLoader(Numbers(10), batch_size=4))
+    assert torch.equal(torch.get_rng_state(), once)
+    torch.manual_seed(0)
+    list(build())
+    assert torch.equal(torch.get_rng_state(), torch.manual_seed(0).get_state())
+
+
 def test_skip_resumes_mid_epoch_without_reading_skipped_items():
     loader = build()
     full = order(loader)

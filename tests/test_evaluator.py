@@ -254,3 +254,51 @@ def test_learner_predict_tuples_and_dicts(tmp_path, loaders, quiet):
     logits, extra = learner.predict(loader())
     assert logits.shape == (90, 3)
     assert torch.equal(extra["targets"], BlobDataset(90, seed=1).targets)
+
+
+class Carrying(Classifier):
+    """Counts its batches since a split started, as a recurrent model carries its hidden
+    state, and reports a loss that depends on that count; notes each split it is told
+    of, in which mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.carried = 0
+        self.told: list[tuple[str, bool]] = []
+
+    def on_split_start(self, split):
+        self.told.append((split, self.training))
+        self.carried = 0
+
+    def valid_step(self, batch):
+        self.carried += 1
+        output = super().valid_step(batch)
+        return ClassificationOutput(output.loss * self.carried, output.output, output.targets)
+
+    def predict_step(self, batch):
+        self.carried += 1
+        return torch.full((len(batch.targets),), self.carried)
+
+
+def test_every_evaluation_and_prediction_starts_its_split_afresh(tmp_path, loaders, quiet):
+    ember.seed(0)
+    model = Carrying()
+    learner = (
+        LearnerBuilder(tmp_path / "run")
+        .metric_valid_numeric(LossMetric())
+        .renderer(quiet)
+        .build(model, AdamConfig().init(), 1e-2)
+    )
+    learner.fit(*loaders)
+    assert model.carried == len(loaders[1])  # validation left its state
+
+    holdout = loader(70, seed=5)  # 3 batches: the loss counts 1, 2, 3 times
+    first = learner.evaluate("first", holdout)
+    second = evaluator(tmp_path / "eval", quiet, model).eval("second", holdout)
+    assert second["Loss"] == first["Loss"]
+    by_batch = by_hand(model, BlobDataset(70, seed=5))["Loss"]  # every batch counted once
+    assert first["Loss"] > 1.5 * by_batch
+    assert model.told[-2:] == [("test", False), ("test", False)]  # in eval mode
+
+    assert learner.predict(holdout).tolist() == [1] * 32 + [2] * 32 + [3] * 6
+    assert model.told[-1] == ("predict", False)

@@ -16,7 +16,7 @@ from ember.optim import AdamConfig, SgdConfig
 from ember.train import LearnerBuilder, RegressionOutput, TrainOutput
 from ember.train.history import RunHistory
 from ember.train.logger import read_metric_log
-from ember.train.metric import AccuracyMetric, LossMetric
+from ember.train.metric import AccuracyMetric, LearningRateMetric, LossMetric
 
 
 def guide_builder(artifact_dir: Path, renderer, epochs: int = 2) -> LearnerBuilder:
@@ -135,11 +135,67 @@ def test_two_seeded_runs_write_identical_logs(tmp_path, blobs, quiet):
     assert first == second and len(first) == 8
 
 
-def test_a_torch_optimizer_and_a_float_lr_are_accepted(tmp_path, loaders, quiet):
+def test_a_float_lr_beside_a_torch_optimizer_wins_and_says_so(tmp_path, loaders, quiet):
     model = Classifier()
     optimizer = torch.optim.SGD(model.parameters(), lr=123.0)
-    guide_builder(tmp_path, quiet, epochs=1).build(model, optimizer, 0.05).fit(*loaders)
+    with pytest.warns(
+        UserWarning,
+        match=r"lr=0\.05, and the SGD was created with lr=123\.0: the "
+        r"given 0\.05 wins",
+    ) as caught:
+        learner = guide_builder(tmp_path, quiet, epochs=1).build(model, optimizer, 0.05)
+    assert caught[0].filename == __file__  # the warning points at the build call
+    learner.fit(*loaders)
     assert optimizer.param_groups[0]["lr"] == 0.05  # the learner's rate is what was used
+    log = (tmp_path / "experiment.log").read_text()
+    assert "WARNING" in log and "leave lr out: build(model, optimizer)" in log
+
+
+def test_the_same_float_as_the_optimizer_says_nothing(tmp_path, quiet, recwarn):
+    model = Classifier()
+    guide_builder(tmp_path, quiet).build(model, torch.optim.SGD(model.parameters(), lr=0.05), 0.05)
+    assert not [w for w in recwarn if "wins" in str(w.message)]
+
+
+def test_without_lr_a_torch_optimizer_keeps_its_own_rates(tmp_path, loaders, quiet, recwarn):
+    def run(directory, optimizer_of, lr=None):
+        ember.seed(4)
+        model = Classifier()
+        optimizer = optimizer_of(model)
+        builder = guide_builder(directory, quiet, epochs=2).metric_train(LearningRateMetric())
+        learner = (
+            builder.build(model, optimizer) if lr is None else builder.build(model, optimizer, lr)
+        )
+        return learner.fit(*loaders), learner, optimizer
+
+    sgd = lambda model: torch.optim.SGD(model.parameters(), lr=0.05)
+    own, learner, optimizer = run(tmp_path / "own", sgd)
+    given, _, _ = run(tmp_path / "given", sgd, 0.05)
+    assert [values["train"]["Learning Rate"] for _, values in learner.history] == [0.05, 0.05]
+    for name, value in own.state_dict().items():
+        assert torch.equal(given.state_dict()[name], value), name
+    assert not [w for w in recwarn if "wins" in str(w.message)]
+
+    # Param groups at different rates each keep theirs.
+    def groups(model):
+        first, *rest = model.net
+        params = [{"params": first.parameters(), "lr": 0.1}]
+        return torch.optim.SGD(
+            [*params, {"params": [p for m in rest for p in m.parameters()]}], lr=0.01
+        )
+
+    _, learner, optimizer = run(tmp_path / "groups", groups)
+    assert [group["lr"] for group in optimizer.param_groups] == [0.1, 0.01]
+    assert [values["train"]["Learning Rate"] for _, values in learner.history] == [0.1, 0.1]
+
+
+def test_an_ember_optimizer_config_without_lr_is_refused(tmp_path, quiet):
+    with pytest.raises(
+        ConfigError,
+        match=r"ember optimizer config \(OptimizerFactory\) and no "
+        r"learning rate.*build\(model, AdamConfig\(\), 1e-3\)",
+    ):
+        guide_builder(tmp_path, quiet).build(Classifier(), AdamConfig().init())
 
 
 def test_sgd_config_binds_to_the_model(tmp_path, loaders, quiet):

@@ -5,6 +5,8 @@ resumed ends with the same weights as one never stopped."""
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 from pathlib import Path
 
@@ -13,7 +15,9 @@ import torch
 import torch.nn.functional as F
 from ember_testing import load_example
 
-from ember.train import StartSplit
+from ember.train import EvaluatorBuilder, StartSplit
+from ember.train.metric import LossMetric, PerplexityMetric
+from ember.train.renderer import PlainRenderer
 
 ROOT = Path(__file__).resolve().parents[1]
 PORTED = ROOT / "examples" / "ported"
@@ -41,14 +45,16 @@ def tiny(lm, epochs: int = 3):
 
 
 def plain_loop(lm, config):
-    """The script's loop, written out: the same seed, batches, steps and plateau."""
+    """The script's loop, written out: the same seed, batches and steps, and its own
+    rule for the rate: divided by 4 after an epoch whose validation loss is not lower
+    than the best so far."""
     torch.manual_seed(config.seed)
     corpus = lm.Corpus.load(config.corpus)
     train_batches, valid_batches = lm.loaders(corpus, config)
     model = lm.RnnLanguageModel(config, len(corpus))
     optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate)
-    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.25, patience=0)
     vocab = len(corpus)
+    best = None
 
     def run(batches, batch_size, training):
         model.train(training)
@@ -72,7 +78,11 @@ def plain_loop(lm, config):
         rate = optimizer.param_groups[0]["lr"]
         train_loss = run(train_batches, config.batch_size, True)
         valid_loss = run(valid_batches, config.eval_batch_size, False)
-        plateau.step(valid_loss)
+        if best is None or valid_loss < best:  # the script's own rule
+            best = valid_loss
+        else:  # "Anneal the learning rate if no improvement has been seen"
+            for group in optimizer.param_groups:
+                group["lr"] /= 4.0
         history.append({"train": {"Loss": train_loss, "Learning Rate": rate}, "valid": valid_loss})
     return model, history
 
@@ -96,10 +106,55 @@ def test_ember_trains_the_model_as_the_plain_loop_does(lm, tmp_path):
     for name, value in reference.state_dict().items():
         assert torch.equal(model.state_dict()[name], value), name
 
-    # The example's own evaluation of the test text agrees with the plain loop's model.
+
+def plain_evaluate(model, batches, hidden):
+    """The script's `evaluate()`, written out: eval mode, no gradients, the state
+    `hidden` first (the script's: `model.init_hidden(batch_size)`, zeros), carried from
+    batch to batch; the mean loss per word (the fsum of each batch's loss times its
+    words) and the perplexity, exp of the summed negative log-likelihood over the words."""
+    model.eval()
+    rows, nll, words = [], None, 0
+    with torch.no_grad():
+        for batch in batches:
+            logits, hidden = model(batch.inputs, hidden)
+            flat = logits.reshape(-1, model.vocab_size)
+            targets = batch.targets.reshape(-1)
+            rows.append((float(F.cross_entropy(flat, targets)), targets.numel()))
+            summed = F.cross_entropy(flat, targets, reduction="sum").double()
+            nll = summed if nll is None else nll + summed
+            words += targets.numel()
+    model.train()
+    loss = math.fsum(v * n for v, n in rows) / math.fsum(n for _, n in rows)
+    return loss, float(torch.exp(nll / words))
+
+
+def test_the_test_text_is_evaluated_from_a_zero_state_as_the_script_evaluates_it(lm, tmp_path):
+    config = tiny(lm, epochs=2)
+    model, learner = lm.train(str(tmp_path / "run"), config)
     corpus = lm.Corpus.load()
     test = lm.BpttBatches(corpus.test, config.eval_batch_size, config.bptt)
-    assert lm.evaluate(model, test) == lm.evaluate(reference, test)
+    reference = copy.deepcopy(model)
+    loss, perplexity = plain_evaluate(reference, test, reference.init_hidden(10))
+
+    # The run ended with validation: the model holds the state of the last validation
+    # batch. The evaluation starts from zeros all the same (on_split_start("test")).
+    assert model.hidden is not None
+    values = lm.evaluate_test(learner, config)
+    assert values == {"Loss": loss, "Perplexity": perplexity}  # exactly
+    saved = json.loads((tmp_path / "run" / "test" / "test" / "values.json").read_text())
+    assert saved["values"] == values
+
+    # An Evaluator of the same model, built apart from the learner, agrees exactly.
+    evaluator = (
+        EvaluatorBuilder(tmp_path / "eval")
+        .metric_numeric(LossMetric())
+        .metric_numeric(PerplexityMetric())
+        .renderer(PlainRenderer(interval=3600))
+        .build(model)
+    )
+    assert evaluator.eval("test", test) == values
+    # Started from the state a pass leaves, the figures would differ.
+    assert plain_evaluate(reference, test, model.hidden)[0] != loss
 
 
 class StopAfterEpoch:

@@ -116,6 +116,53 @@ def test_points_leave_training_unchanged(tmp_path, loaders, one_thread):
     )
 
 
+class Shared(list):
+    """A record the copies of a model share (a deep copy keeps it)."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class Carrying(Classifier):
+    """Counts its batches since a split started, as a recurrent model carries its hidden
+    state; every step notes its split and count in a record its copies share."""
+
+    def __init__(self):
+        super().__init__()
+        self.carried = 0
+        self.counts = Shared()
+
+    def on_split_start(self, split):
+        self.carried = 0
+
+    def count(self, split):
+        self.carried += 1
+        self.counts.append((split, self.carried))
+
+    def train_step(self, batch):
+        self.count("train")
+        return super().train_step(batch)
+
+    def valid_step(self, batch):
+        self.count("valid")
+        return super().valid_step(batch)
+
+
+def test_a_point_starts_validation_afresh_and_training_carries_on(tmp_path, loaders, quiet):
+    """Each point validates from a fresh state, as the epoch's end does, and the
+    training batches after it carry on from the state training left."""
+    ember.seed(3)
+    model = Carrying()
+    blob_builder(tmp_path / "run", quiet).valid_every(3).num_epochs(1).build(
+        model, AdamConfig().init(), 1e-2
+    ).fit(*loaders)
+    counts = [(split, count) for split, count in model.counts if split == "train"]
+    assert counts == [("train", count) for count in range(1, 8)]  # 7 batches, points at 3, 6
+    valid = [count for split, count in model.counts if split == "valid"]
+    # 3 validation batches; the check before training, 2 points, then the epoch's end
+    assert valid == [1] + [1, 2, 3] * 3
+
+
 def test_early_stopping_counts_validation_points_and_stops_mid_epoch(tmp_path, loaders):
     ember.seed(3)
     learner = (

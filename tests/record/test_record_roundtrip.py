@@ -71,6 +71,20 @@ def test_precision_sets_the_stored_dtype_of_module_weights(cls, tmp_path):
         assert stored["seen"].dtype == torch.int64
 
 
+@pytest.mark.parametrize("cls", RECORDERS, ids=lambda c: c.file_extension)
+def test_full_precision_never_narrows_a_weight(cls, tmp_path):
+    """ "full" stores float32, but a float64 weight as float64: a double-precision
+    model comes back bit for bit (what exact resume needs); a float16 one is widened
+    to float32, which loses nothing either."""
+    for dtype, stored in [(torch.float64, torch.float64), (torch.float16, torch.float32)]:
+        source = make_model(seed=7, dtype=dtype)
+        path = cls(precision="full").save(source, tmp_path / str(dtype))
+        assert er.load(None, path)["fc1.weight"].dtype == stored
+        target = make_model(seed=8, dtype=dtype)
+        er.load(target, path)
+        assert_same(target.state_dict(), source.state_dict())
+
+
 def test_half_record_into_double_model_and_double_record_into_half_model(tmp_path):
     source = make_model(seed=5, dtype=torch.float64)
     half = er.CompactRecorder().save(source, tmp_path / "half")

@@ -82,7 +82,7 @@ class LrDriver:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             return lr
-        if self.is_torch:
+        if self.is_torch or type(scheduler) is OptimizerRates:  # the groups hold the rates
             self.last_lr = _checked(float(self.optimizer.param_groups[0]["lr"]), self.scheduler)
             return self.last_lr
         if self.interval == "epoch" and self._epoch_lr is not None:
@@ -180,6 +180,20 @@ class LrDriver:
         if self._epoch_lr is not None:
             for group in self.optimizer.param_groups:
                 group["lr"] = self._epoch_lr
+
+
+class OptimizerRates:
+    """The rates a torch optimizer's param groups were created with, each left as it is
+    (`build(model, optimizer)` without a rate, when the groups' rates differ)."""
+
+    def step(self) -> float:
+        return math.nan  # never asked: the driver leaves the rates alone
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
 
 class ConstantLr:

@@ -8,7 +8,8 @@ from ember.record.precision import PrecisionLike
 
 
 class DefaultRecorder(NamedMpkFileRecorder):
-    """Named msgpack at full (float32) precision: fast and exact; the usual choice."""
+    """Named msgpack at full precision (float32; float64 weights stay float64): fast and
+    exact; the usual choice."""
 
     def __init__(self, precision: PrecisionLike = "full") -> None:
         super().__init__(precision)

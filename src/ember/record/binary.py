@@ -75,7 +75,7 @@ def _encode(header: Header, tree: Any, options: EncodeOptions) -> bytes:
         offset = start + len(data)
         return len(table) - 1
 
-    plain = encode_tree(tree, MSGPACK, add_tensor, float_dtype=options.float_dtype)
+    plain = encode_tree(tree, MSGPACK, add_tensor, precision=options.precision)
     meta_plain = {**header.to_plain(), "record": plain, "tensors": table}
     meta = msgpack.packb(meta_plain, use_bin_type=True)
     pad = bytes(_align(_PREFIX.size + len(meta)) - _PREFIX.size - len(meta))

@@ -38,6 +38,7 @@ from ember.record.arrays import (
     tensor_to_bytes,
     unshuffle_bytes,
 )
+from ember.record.precision import Precision
 from ember.record.problem import RecordProblem
 
 MAX_DEPTH = 100
@@ -72,9 +73,10 @@ def encode_tree(
     dialect: Dialect,
     encode_tensor: TensorEncoder,
     *,
-    float_dtype: torch.dtype | None = None,
+    precision: Precision | None = None,
 ) -> Any:
-    """Turn a state tree into plain data; floating tensors are cast to `float_dtype` if given."""
+    """Turn a state tree into plain data; floating tensors are stored at `precision` if
+    given (`Precision.stored`)."""
 
     def bytes_out(data: bytes) -> Any:
         return data if dialect.native_bytes else base64.b64encode(data).decode("ascii")
@@ -109,8 +111,10 @@ def encode_tree(
                 return value
             return {"$float": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
         if isinstance(value, torch.Tensor):
-            if float_dtype is not None and value.is_floating_point() and value.dtype != float_dtype:
-                value = value.detach().to(dtype=float_dtype)
+            if precision is not None and value.is_floating_point():
+                stored = precision.stored(value.dtype)
+                if stored != value.dtype:
+                    value = value.detach().to(dtype=stored)
             return {"$tensor": encode_tensor(value, path)}
         if isinstance(value, np.ndarray):
             name, shape, data = ndarray_to_bytes(value)

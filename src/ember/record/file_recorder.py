@@ -56,7 +56,7 @@ class FileRecorder:
         chosen, tree = item_state(item, kind)
         header = Header(self.format.name, self.format.version, self.precision, chosen)
         options = EncodeOptions(
-            float_dtype=self.precision.dtype if chosen == "module" else None,
+            precision=self.precision if chosen == "module" else None,
             compressed=self.compressed,
         )
         try:

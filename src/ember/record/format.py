@@ -6,16 +6,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from ember.record.header import Header, Record
+from ember.record.precision import Precision
 
 
 @dataclass(frozen=True)
 class EncodeOptions:
-    """Encoding choices: cast floating tensors to `float_dtype`; output will be gzipped?"""
+    """Encoding choices: store floating tensors at `precision` (None: as they are);
+    output will be gzipped?"""
 
-    float_dtype: torch.dtype | None = None
+    precision: Precision | None = None
     compressed: bool = False
 
 

@@ -52,7 +52,7 @@ _V1_KEYS = frozenset({"format", "version", "precision", "ember_version", "kind",
 
 def _encode(header: Header, tree: Any, options: EncodeOptions) -> bytearray:
     tensors = inline_tensor_encoder(JSON, shuffle=options.compressed)
-    plain = encode_tree(tree, JSON, tensors, float_dtype=options.float_dtype)
+    plain = encode_tree(tree, JSON, tensors, precision=options.precision)
     document = {
         **header.to_plain(),
         "record": plain,

@@ -49,7 +49,7 @@ _PEEK_BYTES = 128
 def _encode(header: Header, tree: Any, options: EncodeOptions) -> bytes:
     compressed = options.compressed
     tensors = inline_tensor_encoder(MSGPACK, shuffle=compressed, rotate=compressed)
-    plain = encode_tree(tree, MSGPACK, tensors, float_dtype=options.float_dtype)
+    plain = encode_tree(tree, MSGPACK, tensors, precision=options.precision)
     # Only the gzipped variant rotates tensors (version 2); plain files stay version 1.
     version = 1 if header.version == FORMAT_VERSION and not compressed else header.version
     entries = {**header.to_plain(), "version": version, "record": plain}

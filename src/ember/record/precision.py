@@ -11,7 +11,11 @@ from ember.errors import ConfigError
 
 
 class Precision(str, Enum):
-    """Storage dtype for the floating-point tensors of module records; other data stays exact."""
+    """Storage dtype for the floating-point tensors of module records; other data stays exact.
+
+    "full" loses nothing: float32, or float64 for a float64 tensor (a double-precision
+    model resumes exactly). "half" and "bf16" round to 16 bits; "double" widens to 64.
+    """
 
     FULL = "full"
     HALF = "half"
@@ -20,7 +24,14 @@ class Precision(str, Enum):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The torch dtype module weights are stored as."""
+        """The torch dtype module weights are stored as (float64 ones stay float64 at
+        "full": `stored`)."""
+        return _DTYPES[self]
+
+    def stored(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a floating-point tensor of `dtype` is stored as."""
+        if self is Precision.FULL and dtype == torch.float64:
+            return dtype  # never narrowed: "full" is lossless
         return _DTYPES[self]
 
     @classmethod

@@ -116,7 +116,7 @@ def _encode(header: Header, tree: Any, options: EncodeOptions) -> bytearray:
         tensors[name] = t
         return {"name": name}
 
-    plain = encode_tree(tree, JSON, add_tensor, float_dtype=options.float_dtype)
+    plain = encode_tree(tree, JSON, add_tensor, precision=options.precision)
     ember = json.dumps(
         {**header.to_plain(), "record": plain}, separators=(",", ":"), allow_nan=False
     )

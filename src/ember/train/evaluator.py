@@ -253,7 +253,7 @@ class Evaluator:
         (None when a stop came first), the items and the batches seen."""
         total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
         processor.start_split(SPLIT, 1, total)
-        with evaluating(self.model, torch.inference_mode, self._autocast):
+        with evaluating(self.model, torch.inference_mode, self._autocast, split=SPLIT):
             seen = run_pass(
                 step,
                 step_name,

@@ -264,6 +264,8 @@ def _step(
         optim.skip()
         return loss
     optim.backward(loss, 1.0)
+    if optim.closes:  # L-BFGS: this was the closure's first evaluation
+        optim.closure = optim.reevaluation(lambda: model.train_step(batch).loss, loss, 1.0)
     optim.bare_step()
     return loss
 

@@ -13,13 +13,13 @@ import contextlib
 import inspect
 import logging
 import sys
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
 from ember.errors import ConfigError, TrainingError
 from ember.lr.base import LrDriver
-from ember.train.optimization import Optimization
+from ember.train.optimization import Optimization, needs_closure
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +193,8 @@ class StepContext:
     - `ctx.step("gen")`: step that optimizer (its rate, clipping, the callbacks'
       optimizer hooks, then its gradients are cleared). Under `grads_accumulation(n)`
       it steps only at the last batch of each group of n, and does nothing before.
+      `ctx.step("gen", closure=closure)` passes the closure an optimizer such as
+      L-BFGS needs (its gradients are clipped after each evaluation).
     - `ctx.accumulating`: True on the batches where `ctx.step` does nothing.
     - `ctx.epoch`, `ctx.iteration`: where the loop is.
     """
@@ -252,10 +254,22 @@ class StepContext:
         with self._full:  # backward outside autocast, as torch advises
             optim.backward(loss, self.share, optim.params[name] if name is not None else None)
 
-    def step(self, optimizer: Any) -> None:
-        """Step one optimizer (at the end of a group of accumulated batches)."""
+    def step(self, optimizer: Any, closure: Callable[[], Any] | None = None) -> Any:
+        """Step one optimizer (at the end of a group of accumulated batches); with
+        `closure`, a function that evaluates the loss again (clears the gradients, runs
+        the forward, calls `ctx.backward(loss, name)`, returns the loss) for an optimizer
+        whose step takes one (L-BFGS). Returns what the optimizer's step returns (L-BFGS:
+        the closure's first loss), None when the step did not run."""
         optim = self._optim
         name = self._name(optimizer)
+        if closure is None and needs_closure(self.optimizers[name]):
+            raise TrainingError(
+                f"ctx.step({name!r}) steps a {type(self.optimizers[name]).__name__}, whose step "
+                "evaluates the loss again several times: pass the evaluation, "
+                f"ctx.step({name!r}, closure=closure), with a closure that clears the "
+                f"gradients, computes the loss, calls ctx.backward(loss, {name!r}) and "
+                "returns the loss."
+            )
         if name in self._stepped:
             raise TrainingError(
                 f"train_step called ctx.step({name!r}) twice for one batch: an optimizer "
@@ -265,7 +279,7 @@ class StepContext:
         self._stepped.add(name)
         optim.calls += 1
         if self.accumulating:
-            return
+            return None
         if name in self._tainted:
             self._tainted.discard(name)
             self.optimizers[name].zero_grad(set_to_none=True)
@@ -276,10 +290,15 @@ class StepContext:
             )
             log.warning("%s", message, extra={"ember_console": False})  # printed below
             print(f"ember: {message}", file=sys.stderr)
-            return
-        optim.apply(self.optimizers[name], optim.params[name], optim.drivers[name], name)
+            return None
+        params = optim.params[name]
+        evaluate = None if closure is None else optim.clipped(closure, params)
+        returned = optim.apply(
+            self.optimizers[name], params, optim.drivers[name], name, closure=evaluate
+        )
         if optim.scaler is not None:
             optim.scaled_steps += 1
+        return returned
 
 
 def takes_context(model: Any) -> bool:

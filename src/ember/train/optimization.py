@@ -12,7 +12,8 @@ the step: the gradient of the mean over every token.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Literal
+import inspect
+from typing import Any, Callable, ContextManager, Literal
 
 import torch
 
@@ -58,6 +59,12 @@ class Optimization:
         self.micro_split: int | None = None
         """Under `grads_accumulation("auto")`: how many micro-batches each batch is split
         into (1 until a step runs out of memory; `train/oom.py`). None otherwise."""
+        self.notes: list[str] = []
+        """Warnings about the optimization found at build, for the run's log."""
+        self.closes = needs_closure(optimizer)
+        """The optimizer's step takes a closure that re-evaluates the loss (L-BFGS)."""
+        self.closure: Callable[[], Any] | None = None
+        """The closure of the coming step (`reevaluation`), when the optimizer takes one."""
 
     def autocast(self) -> ContextManager[Any]:
         """The context the steps run in: autocast under mixed precision, else nothing."""
@@ -121,15 +128,59 @@ class Optimization:
 
     def step(self) -> None:
         """Apply the accumulated gradients, then clear them."""
+        closure, self.closure = self.closure, None
         if self.callbacks is None and self.scaler is None and not self._clips:
-            self.optimizer.step()  # `apply` with nothing around the step
+            if closure is None:  # `apply` with nothing around the step
+                self.optimizer.step()
+            else:
+                self.optimizer.step(closure)
             self.lr.after_step()
             self.optimizer.zero_grad(set_to_none=True)
             return
         prepared, self._prepared = self._prepared, False
-        self.apply(self.optimizer, None, self.lr, None, prepared)
+        self.apply(self.optimizer, None, self.lr, None, prepared, closure)
         if self.scaler is not None:
             self.scaler.update()
+
+    def reevaluation(
+        self, forward: Callable[[], torch.Tensor], loss: torch.Tensor, share: float | torch.Tensor
+    ) -> Callable[[], torch.Tensor]:
+        """The closure of a step whose optimizer takes one (`closes`): its first call
+        returns `loss`, the step's first evaluation, whose forward and backward already
+        ran (its gradients are in place, the metrics saw its output); each later call
+        clears the gradients, runs `forward` again (under autocast with mixed
+        precision), adds the gradient of its loss times `share`, clips, and returns the
+        loss, as a script's closure does."""
+        first: list[torch.Tensor] = [loss.detach()]
+
+        def closure() -> torch.Tensor:
+            if first:
+                return first.pop()
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.enable_grad():
+                with self.autocast():
+                    again = forward()
+                scaled = again * share if isinstance(share, torch.Tensor) or share != 1.0 else again
+                scaled.backward()
+            if self._clips:
+                self._clip(self.model.parameters())
+            return again.detach()
+
+        return closure
+
+    def clipped(self, closure: Callable[[], Any], params: Any) -> Callable[[], Any]:
+        """A step's own closure (custom optimization), its gradients clipped after each
+        evaluation, as the gradients of the step's first evaluation are."""
+        if not self._clips:
+            return closure
+        params = list(params)
+
+        def evaluate() -> Any:
+            loss = closure()
+            self._clip(params)
+            return loss
+
+        return evaluate
 
     def _before(self, optimizer: Any, name: str | None) -> None:
         callbacks = self.callbacks
@@ -140,47 +191,61 @@ class Optimization:
         callbacks.call("on_before_optimizer_step")
 
     def apply(
-        self, optimizer: Any, params: Any, lr: Any, name: str | None = None, prepared: bool = False
-    ) -> None:
+        self,
+        optimizer: Any,
+        params: Any,
+        lr: Any,
+        name: str | None = None,
+        prepared: bool = False,
+        closure: Callable[[], Any] | None = None,
+    ) -> Any:
         """One optimizer's step: unscale (fp16), the callbacks' `on_before_optimizer_step`
-        (unless `prepare` did both), clip `params` (None: the model's), step, the
-        learning rate's step, `on_after_optimizer_step`, clear."""
+        (unless `prepare` did both), clip `params` (None: the model's), step (with
+        `closure`, when the optimizer takes one), the learning rate's step,
+        `on_after_optimizer_step`, clear. Returns what the optimizer's step returned."""
         callbacks = self.callbacks
         hooks = callbacks is not None and callbacks.optimizer_steps
         if hooks and not prepared:
             self._before(optimizer, name)
-        self._update(optimizer, params, unscaled=prepared or hooks)
+        returned = self._update(optimizer, params, unscaled=prepared or hooks, closure=closure)
         lr.after_step()
         if hooks:
             assert callbacks is not None
             callbacks.call("on_after_optimizer_step")
         optimizer.zero_grad(set_to_none=True)
+        return returned
 
     def bare_step(self) -> None:
         """Apply the accumulated gradients as `step` does (unscaled for the clipping
         under fp16, clipped, stepped, the scaler updated), then clear them; without the
         callbacks' hooks and without the learning rate's step: the learning-rate range
         test (`lr_find`) sets the rate of each step itself."""
-        self._update(self.optimizer, None, unscaled=False)
+        closure, self.closure = self.closure, None
+        self._update(self.optimizer, None, unscaled=False, closure=closure)
         if self.scaler is not None:
             self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _update(self, optimizer: Any, params: Any, unscaled: bool) -> None:
+    def _update(
+        self, optimizer: Any, params: Any, unscaled: bool, closure: Callable[[], Any] | None = None
+    ) -> Any:
         """Clip `params` (None: the model's), unscaling the gradients first under fp16
-        unless they are (`unscaled`); step `optimizer` (through the scaler under fp16)."""
+        unless they are (`unscaled`); step `optimizer` (through the scaler under fp16;
+        with `closure` when it takes one). Returns what the step returned."""
         if self._clips:
             if self.scaler is not None and not unscaled:
                 self.scaler.unscale_(optimizer)
             self._clip(self.model.parameters() if params is None else params)
         if self.scaler is not None:
-            self.scaler.step(optimizer)
-        else:
-            optimizer.step()
+            return self.scaler.step(optimizer)
+        if closure is not None:
+            return optimizer.step(closure)
+        return optimizer.step()
 
     def skip(self) -> None:
         """Drop the accumulated gradients without stepping (a non-finite loss was skipped)."""
         self._prepared = False
+        self.closure = None
         self.optimizer.zero_grad(set_to_none=True)
 
     def _clip(self, params: Any) -> None:
@@ -223,6 +288,19 @@ class Optimization:
                 "run does not register: that state is not used."
             )
         return notes
+
+
+def needs_closure(optimizer: Any) -> bool:
+    """Whether an optimizer's `step` requires a closure that re-evaluates the loss
+    (`torch.optim.LBFGS`); an optional closure (`SGD.step(closure=None)`) is not."""
+    try:
+        parameters = inspect.signature(optimizer.step).parameters.values()
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return any(
+        p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        for p in parameters
+    )
 
 
 def check_mixed_precision(value: Any) -> MixedPrecision | None:

@@ -28,6 +28,9 @@ def predict(
     training = model.training
     model.eval()
     try:
+        hook = getattr(model, "on_split_start", None)
+        if callable(hook):  # a model carrying state across batches starts afresh
+            hook("predict")
         with torch.inference_mode(), autocast():
             for batch in loader:
                 if device.type != "cpu":

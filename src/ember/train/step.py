@@ -91,6 +91,15 @@ def check_train_output(model: Any, output: Any, manual: bool = False) -> None:
         )
 
 
+def start_split(model: Any, split: str) -> None:
+    """Tell a model that carries state across batches that a split begins: its
+    `on_split_start(split)`, when it defines one ("train", "valid", "test" for an
+    evaluation, "predict" for a prediction)."""
+    hook = getattr(model, "on_split_start", None)
+    if callable(hook):
+        hook(split)
+
+
 def call_step(step: Any, batch: Any, name: str, epoch: int, iteration: int) -> Any:
     """Run a step; an error it raises gets a note naming the step, where and the batch."""
     try:

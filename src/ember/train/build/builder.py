@@ -12,6 +12,7 @@ from ember.environment import from_environment
 from ember.errors import ConfigError
 from ember.train.build.checks import (
     check_checkpointing,
+    check_closures,
     check_device,
     check_micro_auto,
     check_model,
@@ -417,10 +418,11 @@ class LearnerBuilder:
         return self._state.interrupter
 
     # Build -------------------------------------------------------------------
-    def build(self, model: torch.nn.Module, optimizer: Any, lr: Any) -> Learner:
+    def build(self, model: torch.nn.Module, optimizer: Any, lr: Any = None) -> Learner:
         """The Learner for `model`. `optimizer` is a torch optimizer over the model's
         parameters or an ember optimizer config; `lr` a float, an ember scheduler or a
-        `torch.optim.lr_scheduler` object.
+        `torch.optim.lr_scheduler` object. Left out, a torch optimizer trains at the
+        rates of its param groups, constant (an ember optimizer config needs a rate).
 
         Custom optimization: `optimizer` a dict of named optimizers (`{"gen": ...,
         "disc": ...}`), `lr` a dict with the same names (or one float for all), and the
@@ -439,6 +441,9 @@ class LearnerBuilder:
         check_device(device, state.memory_history, state.fsdp)
         place_model(model, device, state.recompute, state.compile)
         optimization = state.optimization(model, optimizer, lr, device)
+        check_closures(
+            optimization, state.grads_accumulation, state.micro_auto, state.mixed_precision
+        )
         checkpointer = run_checkpointer(state.checkpointer, state.recorder, state.artifact_dir)
         check_resume(state.checkpoint, checkpointer, state.artifact_dir, state.recorder)
         check_checkpointing(

@@ -13,6 +13,7 @@ from ember.errors import ConfigError
 from ember.train.checkpoint.file import FileCheckpointer, other_checkpoint_formats
 from ember.train.files.artifacts import Artifacts
 from ember.train.manual import check_automatic, check_manual
+from ember.train.optimization import needs_closure
 from ember.train.step import check_steps
 
 if TYPE_CHECKING:
@@ -39,6 +40,34 @@ def check_model(model: Any, optimizer: Any, lr: Any) -> None:
         check_manual(model, optimizer, lr)
     else:
         check_automatic(model)
+
+
+def check_closures(
+    optimization: Optimization, accumulation: int, micro_auto: bool, mixed_precision: str | None
+) -> None:
+    """An optimizer whose step takes a closure (L-BFGS) re-evaluates one batch's loss
+    within its step: refused with gradient accumulation and with fp16's loss scaling,
+    which cannot work with it."""
+    optimizers = getattr(optimization, "optimizers", {"": optimization.optimizer})
+    for name, optimizer in optimizers.items():
+        if not needs_closure(optimizer):
+            continue
+        what = (
+            f"{type(optimizer).__name__}{f' ({name!r})' if name else ''} steps with a closure "
+            "that evaluates the loss again, several times a step (optimizer.step(closure))"
+        )
+        if accumulation > 1 or micro_auto:
+            raise ConfigError(
+                f"{what}: each evaluation is the forward and backward of one batch, so it "
+                "cannot accumulate the gradients of several batches. Leave "
+                "grads_accumulation(...) out and give the step larger batches instead."
+            )
+        if mixed_precision == "fp16":
+            raise ConfigError(
+                f"{what}, and the gradient scaler of mixed_precision('fp16') cannot step "
+                "with a closure (torch's GradScaler refuses one). Use mixed_precision('bf16'), "
+                "which needs no scaler, or full precision."
+            )
 
 
 def check_precision(fsdp: FsdpOptions | None, mixed_precision: str | None) -> None:

@@ -5,13 +5,15 @@ which checkpoints it keeps, and the mid-epoch cadence."""
 from __future__ import annotations
 
 import math
+import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
 from ember.errors import ConfigError
-from ember.lr.base import ConstantLr, LrDriver, StepsUnknown
+from ember.lr.base import ConstantLr, LrDriver, OptimizerRates, StepsUnknown
 from ember.train.callbacks.base import Callbacks, Context
 from ember.train.checkpoint.file import FileCheckpointer
 from ember.train.checkpoint.strategy import (
@@ -79,10 +81,14 @@ def bound_optimization(
 ) -> Optimization:
     """The optimizer(s) bound to the model, their schedules, and the callbacks."""
     named = dict(optimizer) if isinstance(optimizer, Mapping) else {"optimizer": optimizer}
-    optimizers, drivers = {}, {}
+    optimizers, drivers, notes = {}, {}, []
     for name, given in named.items():
         rate = lr[name] if isinstance(lr, Mapping) else lr
         rate, interval = lr_interval(rate)
+        if rate is None:
+            rate = own_rates(given, model)
+        elif isinstance(given, torch.optim.Optimizer):
+            notes += replaced_rates(given, rate, name if isinstance(optimizer, Mapping) else None)
         scheduler, pending = lr_scheduler(rate)
         bound = bind_optimizer(given, model, initial_lr(scheduler))
         optimizers[name] = bound
@@ -94,8 +100,63 @@ def bound_optimization(
         hooks = Callbacks(callbacks, Context(model, optimizers, num_epochs))
     options: tuple[Any, ...] = (device, mixed_precision, clip_norm, clip_value, hooks)
     if isinstance(optimizer, Mapping):
-        return ManualOptimization(model, optimizers, drivers, *options)
-    return Optimization(model, optimizers["optimizer"], drivers["optimizer"], *options)
+        optimization: Optimization = ManualOptimization(model, optimizers, drivers, *options)
+    else:
+        optimization = Optimization(
+            model, optimizers["optimizer"], drivers["optimizer"], *options
+        )
+    optimization.notes += notes
+    return optimization
+
+
+def own_rates(optimizer: Any, model: torch.nn.Module) -> Any:
+    """`build()` without a rate: a torch optimizer trains at the rates of its param
+    groups, constant (one float when they agree, so a resume compares it; else each
+    group's own). An ember optimizer config holds no rate: refused, naming the fix."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        if not callable(getattr(optimizer, "init", None)) and not callable(
+            getattr(optimizer, "bind", None)
+        ):
+            bind_optimizer(optimizer, model, 0.0)  # not an optimizer at all: its own error
+        raise ConfigError(
+            f"build() got an ember optimizer config ({type(optimizer).__name__}) and no "
+            "learning rate: a config holds none. Give one, e.g. build(model, AdamConfig(), "
+            "1e-3), or an ember scheduler; or pass a torch optimizer created with its rate, "
+            "e.g. torch.optim.Adam(model.parameters(), lr=1e-3), and leave lr out."
+        )
+    rates = {float(group["lr"]) for group in optimizer.param_groups}
+    return rates.pop() if len(rates) == 1 else OptimizerRates()
+
+
+def replaced_rates(optimizer: torch.optim.Optimizer, lr: Any, name: str | None) -> list[str]:
+    """A float rate given beside a torch optimizer created with another: the given one
+    wins, said now (a Python warning at `build`) and returned, for the run's log."""
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool):
+        return []  # a scheduler owns the rate by design
+    own = [float(group["lr"]) for group in optimizer.param_groups]
+    if all(rate == float(lr) for rate in own):
+        return []
+    which = f"the optimizer {name!r} ({type(optimizer).__name__})" if name else (
+        f"the {type(optimizer).__name__}"
+    )
+    created = f"lr={own[0]!r}" if len(set(own)) == 1 else f"the rates {own!r} of its param groups"
+    message = (
+        f"build() got lr={lr!r}, and {which} was created with {created}: the given "
+        f"{lr!r} wins, every step of every param group trains at {lr!r}. To keep the "
+        "optimizer's own rate, leave lr out: build(model, optimizer)."
+    )
+    warnings.warn(message, UserWarning, stacklevel=caller_level())
+    return [message]
+
+
+def caller_level() -> int:
+    """The `stacklevel` of a warning that points at the first frame outside ember (the
+    user's `build` call)."""
+    frame: Any = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("ember."):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def lr_monitor(

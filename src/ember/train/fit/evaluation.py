@@ -19,7 +19,7 @@ from ember.errors import TrainingError
 from ember.rng import capture_rng_state, restore_rng_state
 from ember.train.length.batches import batch_size
 from ember.train.processor import MetricsProcessor
-from ember.train.step import call_step
+from ember.train.step import call_step, start_split
 
 log = logging.getLogger("ember.train.fit")
 
@@ -39,12 +39,17 @@ def evaluating(
     evaluation: Callable[[], Any] = torch.inference_mode,
     autocast: Callable[[], Any] = contextlib.nullcontext,
     after: bool | None = None,
+    split: str | None = None,
 ) -> Iterator[None]:
     """The model in eval mode under `evaluation` and `autocast`; afterwards in train
-    mode (`after` True), in eval mode (False), or as it was (None)."""
+    mode (`after` True), in eval mode (False), or as it was (None). With `split`, the
+    model is told that split starts (`on_split_start`) once in eval mode, before
+    `evaluation` begins, as validation tells it."""
     training = model.training if after is None else after
     model.eval()
     try:
+        if split is not None:
+            start_split(model, split)
         with evaluation(), autocast():
             yield
     finally:
@@ -104,20 +109,20 @@ def check_not_empty(loader: Iterable[Any], what: str, fix: str) -> None:
         )
 
 
-def model_copy(model: torch.nn.Module) -> torch.nn.Module:
+def model_copy(
+    model: torch.nn.Module,
+    otherwise: str = "the validation check before training runs on the live model",
+) -> torch.nn.Module:
     """A copy of the model for a check that must leave the live one untouched: its
     modules, buffers and attributes are copied, its parameters shared (a check under
     inference mode does not change them, and a second copy of the weights would raise
     the run's peak memory by the model's size); the live model itself when it cannot
-    be copied."""
+    be copied (a warning then says what happens `otherwise`)."""
     shared: dict[int, Any] = {id(parameter): parameter for parameter in model.parameters()}
     try:
         return copy.deepcopy(model, shared)
     except Exception:
-        log.warning(
-            "%s cannot be copied: the validation check before training runs on the live model.",
-            type(model).__name__,
-        )
+        log.warning("%s cannot be copied: %s.", type(model).__name__, otherwise)
         return model
 
 
@@ -138,11 +143,7 @@ def check_validation(
     rng = capture_rng_state()
     model = model if evaluation is torch.no_grad else model_copy(model)
     try:
-        model.eval()
-        hook = getattr(model, "on_split_start", None)
-        if callable(hook):
-            hook("valid")
-        with evaluating(model, evaluation, autocast, after=True):
+        with evaluating(model, evaluation, autocast, after=True, split="valid"):
             step: Any = model.valid_step
             run_pass(
                 step,

@@ -5,7 +5,9 @@ covers), the loop hands over to `ValidationPoints.run`: the model runs `valid_st
 the whole validation loader (the one evaluation pass, `evaluation.py`), the values go
 to `valid/epoch-N/iteration-K/<Metric>.log` (K: the training batches done in the
 epoch), to the run history's points, to the renderer (its optional `valid_point`) and
-to the listeners (`ValidPoint`). Then the model is back in its mode and every random
+to the listeners (`ValidPoint`). A model that carries state across batches
+(`on_split_start`) validates on a copy told "valid", so the training batches after the
+point carry on from the training state. Then the model is back in its mode and every random
 generator is put back as it was, so the training that follows is the same, batch for
 batch, as without the point: a run stopped and resumed around a point ends equal to
 one never stopped. Early stopping that counts points judges every validation of the
@@ -22,7 +24,7 @@ from ember.rng import capture_rng_state, restore_rng_state
 from ember.train.events import ValidPoint
 from ember.train.files.artifacts import Artifacts
 from ember.train.files.metric_files import add_lines, write_matrix
-from ember.train.fit.evaluation import evaluating, run_pass
+from ember.train.fit.evaluation import evaluating, model_copy, run_pass
 from ember.train.history import Points, RunHistory
 from ember.train.length.batches import BatchPlanner, Step
 from ember.train.length.duration import Counters, Duration, crossed
@@ -54,6 +56,20 @@ class PointLogger:
 
     def close(self) -> None:
         self._lines.clear()
+
+
+def stateful_copy(model: torch.nn.Module, evaluation: Any) -> tuple[torch.nn.Module, str | None]:
+    """The model a point validates, and the split it is told. A model that carries state
+    across batches (`on_split_start`) validates on a copy told "valid", as validation at
+    an epoch's end starts afresh, while the live model keeps its training state for the
+    batches after the point; any other model validates as it is. A sharded model (FSDP,
+    validated under `no_grad`) cannot be copied: it validates as it is."""
+    if not callable(getattr(model, "on_split_start", None)) or evaluation is torch.no_grad:
+        return model, None
+    copied = model_copy(
+        model, "a validation point runs on the live model, from the state training left"
+    )
+    return copied, None if copied is model else "valid"
 
 
 class ValidationPoints:
@@ -115,8 +131,9 @@ class ValidationPoints:
         )
         plan = planner.epoch(epoch)
         processor.start_split("valid", epoch, plan.total)
+        model, split = stateful_copy(model, evaluation)
         try:
-            with evaluating(model, evaluation, self.autocast):
+            with evaluating(model, evaluation, self.autocast, split=split):
                 run_pass(
                     model.valid_step,  # type: ignore[arg-type]
                     "valid_step",

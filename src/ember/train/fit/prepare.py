@@ -63,7 +63,7 @@ def prepare(
         valid_plan = BatchPlanner(valid, 1, shard, valid_limit)
         valid_plan.check_limit("validation", "valid")
     kit.length.counters = resume.position.counters
-    notes = count_steps(kit, state, train_plan, resume.position)
+    notes = [*optim.notes, *count_steps(kit, state, train_plan, resume.position)]
     optim.lr.check_monitor(
         {split: [entry.name for entry in entries] for split, entries in options.metrics.items()}
     )

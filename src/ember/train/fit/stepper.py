@@ -7,7 +7,9 @@ custom optimization) or, under `grads_accumulation("auto")`, the general one run
 in micro-batches after an out-of-memory error (`split_step`, `train/oom.py`); once the
 fit's first steps are checked it switches, once, to the plain path (`plain_step`) when
 nothing runs around a step's one forward and backward. `apply` then steps the
-optimizer, or skips the step after a non-finite loss.
+optimizer, or skips the step after a non-finite loss. An optimizer whose step takes a
+closure (L-BFGS) takes the general path: the step's forward and backward are the
+closure's first evaluation, and the closure runs the forward again for the others.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Stepper:
             and optim.callbacks is None
             and not parts.events.any_listener
             and not optim.autocasts
+            and not optim.closes
             and optim.micro_split is None
             and not parts.length.counts_tokens
         )
@@ -163,6 +166,8 @@ class Stepper:
             else:
                 with no_sync(wrapped, index < last), flops.count():
                     output, ok, weight = self._train_batch(forward, batch, share)
+            if optim.closes and manual is None:  # L-BFGS: this was the closure's first call
+                optim.closure = optim.reevaluation(again(forward, batch), output.loss, weight)
             finite = ok and finite
             if state.token_mean:
                 tokens = tokens + weight
@@ -236,6 +241,13 @@ class Stepper:
         state.output_checked = True
         check_train_output(parts.model, output, manual)
         state.token_mean = loss_weight(output.item) is not None
+        if state.token_mean and parts.optim.closes:
+            raise TrainingError(
+                f"loss_reduction='token_mean' weights a step's gradients by its tokens, and "
+                f"{type(parts.optim.optimizer).__name__} re-evaluates the step's loss inside "
+                "its step (a closure), where they cannot be weighted: report a plain mean "
+                "loss (leave loss_reduction out)."
+            )
         if state.token_mean and manual and parts.options.grads_accumulation > 1:
             raise TrainingError(
                 "loss_reduction='token_mean' weights each accumulated batch by its tokens "
@@ -284,6 +296,11 @@ class Stepper:
         )
         log.warning("%s", message, extra={"ember_console": False})  # printed below
         print(f"ember: {message}", file=sys.stderr)
+
+
+def again(forward: Any, batch: Any) -> Callable[[], torch.Tensor]:
+    """The loss of `batch` evaluated once more (the later calls of a step's closure)."""
+    return lambda: forward(batch).loss
 
 
 def token_weight(item: Any, iteration: int) -> int | torch.Tensor:
