@@ -102,9 +102,7 @@ def bound_optimization(
     if isinstance(optimizer, Mapping):
         optimization: Optimization = ManualOptimization(model, optimizers, drivers, *options)
     else:
-        optimization = Optimization(
-            model, optimizers["optimizer"], drivers["optimizer"], *options
-        )
+        optimization = Optimization(model, optimizers["optimizer"], drivers["optimizer"], *options)
     optimization.notes += notes
     return optimization
 
@@ -136,8 +134,10 @@ def replaced_rates(optimizer: torch.optim.Optimizer, lr: Any, name: str | None) 
     own = [float(group["lr"]) for group in optimizer.param_groups]
     if all(rate == float(lr) for rate in own):
         return []
-    which = f"the optimizer {name!r} ({type(optimizer).__name__})" if name else (
-        f"the {type(optimizer).__name__}"
+    which = (
+        f"the optimizer {name!r} ({type(optimizer).__name__})"
+        if name
+        else (f"the {type(optimizer).__name__}")
     )
     created = f"lr={own[0]!r}" if len(set(own)) == 1 else f"the rates {own!r} of its param groups"
     message = (
