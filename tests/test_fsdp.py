@@ -31,9 +31,9 @@ SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
 TASK = ("--mlp", "--adam", "--accumulate", "2", "--clip", "0.5", "--epochs", "2")
 
 
-def start(directory: Path, *args: str) -> subprocess.Popen[str]:
+def start(directory: Path, *args: str, task: tuple[str, ...] = TASK) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(directory), *TASK, *args],
+        [sys.executable, str(SCRIPT), str(directory), *task, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -83,6 +83,29 @@ def test_fsdp_ddp_and_one_process_train_alike_at_the_same_global_batch(tmp_path)
         "2 processes (gloo), rank 0 writes the artifacts, parameters sharded (FSDP; units: Block)"
         in log
     )
+
+
+@pytest.mark.slow
+def test_steps_that_call_the_submodules_train_under_fsdp_as_on_one_process(tmp_path):
+    # train_step and valid_step call self.layer(...) directly, never the model's forward:
+    # with hidden blocks as units, and with the root as the only unit
+    one, root = ("--processes", "1", "--batch", "32", "--direct"), ("--epochs", "1")
+    runs = [
+        start(tmp_path / "one", *one),
+        start(tmp_path / "fsdp", "--strategy", "fsdp", "--direct"),
+        start(tmp_path / "root-one", *one, task=root),
+        start(tmp_path / "root", "--strategy", "fsdp", "--direct", task=root),
+    ]
+    for process in runs:
+        finish(process)
+    for ours, reference in (("fsdp", "one"), ("root", "root-one")):
+        expected = final(tmp_path / reference)
+        weights = final(tmp_path / ours)
+        assert weights.keys() == expected.keys()
+        for key, value in expected.items():
+            torch.testing.assert_close(weights[key], value, rtol=0, atol=1e-5)
+        valid = epoch_means(tmp_path / ours, "valid", 1, "Loss")
+        assert abs(valid - epoch_means(tmp_path / reference, "valid", 1, "Loss")) < 1e-5
 
 
 @pytest.mark.cuda

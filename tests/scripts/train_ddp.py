@@ -6,12 +6,14 @@ Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-
     [--clip NORM] [--device cpu|cuda] [--recompute]
     [--valid-every N] [--limit-train N] [--nan-rank R --nan-step S] [--skip-nonfinite]
     [--save-every-rank] [--token-mean] [--train-for DURATION] [--fits N [--oom-rank R]]
+    [--direct]
 Under torchrun, pass --processes 1: torchrun provides the processes.
 
 --strategy fsdp shards the model (each hidden block of --mlp is a unit of its own),
 --sharded-checkpoints has each process write its own shards;
 --mlp trains two hidden blocks instead of one linear layer (--norm: a BatchNorm1d
-before it), --adam uses Adam (whose
+before it), --direct has the steps call that layer themselves instead of the model's
+forward, --adam uses Adam (whose
 state is sharded too), --accumulate and --clip set gradient accumulation and clipping.
 
 --fail-rank raises in the third training step of that rank, --hang-rank sleeps there
@@ -80,7 +82,8 @@ class Linear(nn.Module):
         return self.layer(x)
 
     def classify(self, batch):
-        output = self(batch.inputs)
+        # --direct: the step calls the submodule itself, never the model's forward
+        output = self.layer(batch.inputs) if self.args.direct else self(batch.inputs)
         if self.args.token_mean:  # each sample stands for 1 to 5 tokens of the same loss
             tokens = 1 + (batch.inputs[:, 0].abs() * 10).long() % 5
             losses = F.cross_entropy(output, batch.targets, reduction="none")
@@ -147,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-nonfinite", action="store_true")
     parser.add_argument("--save-every-rank", action="store_true")
     parser.add_argument("--token-mean", action="store_true")
+    parser.add_argument("--direct", action="store_true")
     parser.add_argument("--train-for", default=None)
     args = parser.parse_args(argv)
 

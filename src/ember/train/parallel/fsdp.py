@@ -3,8 +3,11 @@
 `fully_shard` (FSDP2) is applied to the chosen submodules, then to the root; the
 optimizer, bound to the model's parameters when the learner was built, is rebound to
 the sharded parameters (its state is created at the first step, so it is sharded too).
-`train_step` and `valid_step` are registered as forward methods, so the parameters
-are gathered around them as around `forward`.
+The step methods (`train_step`, `valid_step`, and `test_step` and `predict_step` when
+the model has them) are registered as forward methods, so the root unit's parameters
+are gathered around them as around `forward`: a step may call the submodules directly
+(`self.encoder(x)`) without calling the model itself. FSDP gathers them again for the
+backward from the loss of the step's `TrainOutput`.
 
 The checkpoints of the sharded model are read and written by `Sharding`
 (`sharding.py`).
@@ -30,6 +33,8 @@ if TYPE_CHECKING:
     from ember.train.distributed import Distributed
 
 _PRECISIONS = {"bf16": torch.bfloat16}
+STEP_METHODS = ("train_step", "valid_step", "test_step", "predict_step")
+"""The model's methods that run like its forward: FSDP gathers the parameters around them."""
 
 
 @dataclass(frozen=True)
@@ -172,7 +177,7 @@ class FsdpParallel:
         for unit in self.units:
             fully_shard(unit, **settings)
         fully_shard(model, **settings)
-        for method in ("train_step", "valid_step"):
+        for method in STEP_METHODS:
             if callable(getattr(model, method, None)):
                 register_fsdp_forward_method(model, method)
         _rebind(optimizer, model, names)
