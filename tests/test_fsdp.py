@@ -25,6 +25,7 @@ from ember.train import LearnerBuilder
 from ember.train.length.batches import BatchPlanner
 from ember.train.parallel import FsdpOptions
 from ember.train.parallel.fsdp import _by_index, _by_name, units
+from ember.train.parallel.ties import tied_parameters, unit_groups
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
 # two hidden blocks (FSDP units), Adam (sharded state), accumulation and clipping
@@ -106,6 +107,32 @@ def test_steps_that_call_the_submodules_train_under_fsdp_as_on_one_process(tmp_p
             torch.testing.assert_close(weights[key], value, rtol=0, atol=1e-5)
         valid = epoch_means(tmp_path / ours, "valid", 1, "Loss")
         assert abs(valid - epoch_means(tmp_path / reference, "valid", 1, "Loss")) < 1e-5
+
+
+@pytest.mark.slow
+def test_a_language_model_with_tied_weights_trains_under_fsdp_and_loads_tied(tmp_path):
+    # the embedding is a unit (--lm adds nn.Embedding to the units), the head it is tied
+    # to is not: ember shards them as one unit
+    lm = ("--lm", "--adam", "--epochs", "2")
+    one = start(tmp_path / "one", "--processes", "1", "--batch", "32", task=lm)
+    fsdp = start(tmp_path / "fsdp", "--strategy", "fsdp", task=lm)
+    finish(one), finish(fsdp)
+    expected = final(tmp_path / "one")
+    weights = final(tmp_path / "fsdp")
+    assert weights.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(weights[key], value, rtol=0, atol=1e-5)
+    log = (tmp_path / "fsdp" / "experiment.log").read_text()
+    assert (
+        "units: Block, Embedding; embed.weight and head.weight are one parameter: embed and "
+        "head sharded as one unit" in log
+    )
+    script = load_example(SCRIPT, "train_ddp_script")
+    plain = script.Linear(argparse.Namespace(lm=True))
+    DefaultRecorder().load(plain, tmp_path / "fsdp" / "checkpoint" / "model-2")
+    assert plain.head.weight is plain.embed.weight
+    assert torch.equal(plain.embed.weight.detach(), weights["embed.weight"])
+    assert torch.equal(plain.head.weight.detach(), weights["head.weight"])
 
 
 @pytest.mark.cuda
@@ -269,6 +296,45 @@ def test_units_are_the_chosen_classes_and_large_submodules_innermost_first():
     assert by_size == [net.embed]  # 600 parameters; a block has 28, the head 5
     both = units(net, FsdpOptions(modules=(Block,), min_params=40))
     assert both == [net.blocks[1], net.blocks[0], net.embed]  # the list itself has none left
+
+
+class Tied(nn.Module):
+    """An embedding tied to the output head, and two blocks sharing one layer's weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.blocks[1].inner.weight = self.blocks[0].inner.weight
+        self.head = nn.Linear(4, 10)
+        self.head.weight = self.embed.weight
+
+
+def test_tied_parameters_are_sharded_in_one_unit():
+    net = Tied()
+    assert [tie.names for tie in tied_parameters(net)] == [
+        ("embed.weight", "head.weight"),
+        ("blocks.0.inner.weight", "blocks.1.inner.weight"),
+    ]
+    chosen = units(net, FsdpOptions(modules=[Block, nn.Embedding]))
+    groups = unit_groups(net, chosen)
+    # the blocks are one unit; the embedding and the head (outside any unit) another
+    assert groups.units == [(net.blocks[1], net.blocks[0]), (net.embed, net.head)]
+    assert groups.notes == [
+        "embed.weight and head.weight are one parameter: embed and head sharded as one unit",
+        "blocks.0.inner.weight and blocks.1.inner.weight are one parameter: blocks.1 and "
+        "blocks.0 sharded as one unit",
+    ]
+    # a parameter the root module holds itself stays in the root unit
+    net.extra = net.embed.weight
+    groups = unit_groups(net, units(net, FsdpOptions(modules=[nn.Embedding])))
+    assert groups.units == []
+    assert groups.notes == [
+        "extra, embed.weight and head.weight are one parameter: embed not sharded as a "
+        "unit of its own (the parameter stays in the root unit)"
+    ]
+    # untied parameters leave the units as they were chosen
+    assert unit_groups(Net(), units(Net(), FsdpOptions(modules=[Block]))).notes == []
 
 
 def test_the_optimizer_state_is_written_as_a_plain_optimizer_writes_it():

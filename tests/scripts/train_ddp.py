@@ -6,14 +6,15 @@ Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-
     [--clip NORM] [--device cpu|cuda] [--recompute]
     [--valid-every N] [--limit-train N] [--nan-rank R --nan-step S] [--skip-nonfinite]
     [--save-every-rank] [--token-mean] [--train-for DURATION] [--fits N [--oom-rank R]]
-    [--direct]
+    [--direct] [--lm]
 Under torchrun, pass --processes 1: torchrun provides the processes.
 
 --strategy fsdp shards the model (each hidden block of --mlp is a unit of its own),
 --sharded-checkpoints has each process write its own shards;
 --mlp trains two hidden blocks instead of one linear layer (--norm: a BatchNorm1d
 before it), --direct has the steps call that layer themselves instead of the model's
-forward, --adam uses Adam (whose
+forward; --lm trains a language model whose head is tied to its embedding (with
+--strategy fsdp the embedding is a unit too), --adam uses Adam (whose
 state is sharded too), --accumulate and --clip set gradient accumulation and clipping.
 
 --fail-rank raises in the third training step of that rank, --hang-rank sleeps there
@@ -40,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ember_testing
 
 import torch
 import torch.nn.functional as F
-from ember_testing import BlobBatcher, BlobDataset
+from ember_testing import Batch, BlobBatcher, BlobDataset
 from torch import nn
 
 import ember
@@ -67,10 +68,41 @@ class Block(nn.Module):
         return torch.tanh(self.linear(x))
 
 
+class Tokens(torch.utils.data.Dataset):
+    """Sequences of 7 tokens (of 11) drawn from a fixed Markov chain, for --lm."""
+
+    def __init__(self, size: int, seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        chain = torch.softmax(
+            torch.randn(11, 11, generator=torch.Generator().manual_seed(5)) * 3, 1
+        )
+        tokens = [torch.randint(0, 11, (size,), generator=generator)]
+        for _ in range(6):
+            tokens.append(torch.multinomial(chain[tokens[-1]], 1, generator=generator)[:, 0])
+        self.sequences = torch.stack(tokens, dim=1)
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __getitem__(self, index: int):
+        return self.sequences[index]
+
+
+class TokenBatcher:
+    def batch(self, items):
+        sequences = torch.stack(list(items))
+        return Batch(sequences[:, :-1], sequences[:, 1:])
+
+
 class Linear(nn.Module):
     def __init__(self, args: argparse.Namespace):
         super().__init__()
-        if args.mlp:
+        if args.lm:  # a language model whose output head is its embedding (tied weights)
+            self.embed = nn.Embedding(11, 16)
+            self.layer = nn.Sequential(Block(16, 16), Block(16, 16))
+            self.head = nn.Linear(16, 11, bias=False)
+            self.head.weight = self.embed.weight
+        elif args.mlp:
             self.layer: nn.Module = nn.Sequential(Block(8, 16), Block(16, 16), nn.Linear(16, 3))
         elif args.norm:
             self.layer = nn.Sequential(nn.BatchNorm1d(8), nn.Linear(8, 3))
@@ -82,6 +114,10 @@ class Linear(nn.Module):
         return self.layer(x)
 
     def classify(self, batch):
+        if self.args.lm:  # the next token at each position, calling the submodules
+            logits = self.head(self.layer(self.embed(batch.inputs))).reshape(-1, 11)
+            targets = batch.targets.reshape(-1)
+            return ClassificationOutput(F.cross_entropy(logits, targets), logits, targets)
         # --direct: the step calls the submodule itself, never the model's forward
         output = self.layer(batch.inputs) if self.args.direct else self(batch.inputs)
         if self.args.token_mean:  # each sample stands for 1 to 5 tokens of the same loss
@@ -151,22 +187,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--save-every-rank", action="store_true")
     parser.add_argument("--token-mean", action="store_true")
     parser.add_argument("--direct", action="store_true")
+    parser.add_argument("--lm", action="store_true")
     parser.add_argument("--train-for", default=None)
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
     ember.seed(3)
-    train = (
-        DataLoaderBuilder(BlobBatcher()).batch_size(args.batch).shuffle(3).build(BlobDataset(203))
-    )
-    valid = DataLoaderBuilder(BlobBatcher()).batch_size(args.batch).build(BlobDataset(61, seed=1))
+    batcher, train_set, valid_set = BlobBatcher(), BlobDataset(203), BlobDataset(61, seed=1)
+    if args.lm:
+        batcher, train_set, valid_set = TokenBatcher(), Tokens(203), Tokens(61, seed=1)
+    train = DataLoaderBuilder(batcher).batch_size(args.batch).shuffle(3).build(train_set)
+    valid = DataLoaderBuilder(batcher).batch_size(args.batch).build(valid_set)
     builder = LearnerBuilder(args.dir)
     devices = ["cpu"] * args.processes
     if args.device == "cuda":  # one GPU per process (under torchrun: cuda:LOCAL_RANK)
         devices = [f"cuda:{i}" for i in range(args.processes)] if args.processes > 1 else ["cuda"]
     strategy = {}
     if args.strategy == "fsdp":
-        strategy = {"strategy": "fsdp", "modules": [Block]}
+        strategy = {"strategy": "fsdp", "modules": [Block, nn.Embedding] if args.lm else [Block]}
         if args.sharded_checkpoints:
             strategy["sharded_checkpoints"] = True
     if args.resume:

@@ -84,7 +84,8 @@ def describe_run(
         extras.append(f"{dist.world} processes ({dist.backend}), rank 0 writes the artifacts")
     fsdp = options.fsdp
     if dist is not None and fsdp is not None:
-        extras.append(f"parameters sharded (FSDP; {fsdp.describe()})")
+        ties = "".join(f"; {note}" for note in getattr(dist.sharding, "notes", ()))
+        extras.append(f"parameters sharded (FSDP; {fsdp.describe()}{ties})")
     if length.train_for is not None:  # the epochs shown are where the length should end
         extras.insert(0, f"training for {length.train_for} ({length.progress_text()} done)")
     accumulation = str(options.grads_accumulation)

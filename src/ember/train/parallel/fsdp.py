@@ -28,6 +28,7 @@ from ember.train.distributed import name_wait
 from ember.train.parallel.sharding import Sharding
 from ember.train.parallel.sharding import _by_index as _by_index
 from ember.train.parallel.sharding import _by_name as _by_name
+from ember.train.parallel.ties import unit_groups
 
 if TYPE_CHECKING:
     from ember.train.distributed import Distributed
@@ -173,9 +174,9 @@ class FsdpParallel:
             else MixedPrecisionPolicy(),
             "offload_policy": CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy(),
         }
-        self.units = units(model, options)
-        for unit in self.units:
-            fully_shard(unit, **settings)
+        groups = unit_groups(model, units(model, options))
+        for group in groups.units:  # tied parameters: their modules in one unit
+            fully_shard(group[0] if len(group) == 1 else list(group), **settings)
         fully_shard(model, **settings)
         for method in STEP_METHODS:
             if callable(getattr(model, method, None)):
@@ -185,6 +186,7 @@ class FsdpParallel:
         self.model = model
         self.context = context
         context.sharding = Sharding(model, optimizer, context, options.sharded_checkpoints)
+        context.sharding.notes = groups.notes
 
     def __call__(self, batch: Any) -> Any:
         output = self.model.train_step(batch)  # type: ignore[operator]

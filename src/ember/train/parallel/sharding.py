@@ -48,6 +48,8 @@ class Sharding:
         self.context = context
         self.per_rank = per_rank
         """Checkpoints are written in shards, one file per process and part."""
+        self.notes: list[str] = []
+        """How the units were chosen around tied parameters, for the run's description."""
 
     def states(self, checkpointer: Any, epoch: int) -> tuple[Held, Held, int | None]:
         """What rank 0 writes as the model and optimizer parts of the checkpoint of
