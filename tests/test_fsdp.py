@@ -22,6 +22,8 @@ from ember.errors import ConfigError, TrainingError
 from ember.optim import AdamConfig
 from ember.record import DefaultRecorder
 from ember.train import LearnerBuilder
+from ember.train.checkpoint import FileCheckpointer
+from ember.train.checkpoint.shards import SHARDED, ShardIndex, index_record
 from ember.train.length.batches import BatchPlanner
 from ember.train.parallel import FsdpOptions
 from ember.train.parallel.fsdp import _by_index, _by_name, units
@@ -179,11 +181,12 @@ def stop(runs: list[tuple[subprocess.Popen[str], Path]]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shards", [False, True], ids=["whole", "sharded"])
-def test_a_stopped_fsdp_run_resumes_exactly_and_on_one_process_if_whole(tmp_path, shards):
+def test_a_stopped_fsdp_run_resumes_exactly_and_on_other_process_counts(tmp_path, shards):
     option = ("--sharded-checkpoints",) if shards else ()
     straight = start(tmp_path / "straight", "--processes", "2", "--strategy", "fsdp")
     stopped, events = tmp_path / "stopped", tmp_path / "events"
     stop([(stop_mid_epoch(stopped, events, *option), events)])
+    finish(straight)
     scheduler = DefaultRecorder().load(None, stopped / "checkpoint" / "scheduler-1")
     assert 0 < scheduler["learner"]["iteration"] < 7
     written = sorted(p.name for p in (stopped / "checkpoint").iterdir())
@@ -193,10 +196,14 @@ def test_a_stopped_fsdp_run_resumes_exactly_and_on_one_process_if_whole(tmp_path
             for part in ("model", "optim")
             for rank in ("", ".rank-0", ".rank-1")
         ] + ["scheduler-1.mpk"]
+        index = DefaultRecorder().load(None, stopped / "checkpoint" / "model-1")
+        rows = {tuple(path): rows for path, _, rows in index[SHARDED]["model"]}
+        assert rows[("layer.0.linear.weight",)] == [[0, 8], [8, 16]]  # Block(8, 16)
+        assert rows[("layer.2.weight",)] == [[0, 2], [2, 3]]  # Linear(16, 3)
     else:  # the whole model is in the checkpoint: it loads into the plain module
         assert written == ["model-1.mpk", "optim-1.mpk", "scheduler-1.mpk"]
         script = load_example(SCRIPT, "train_ddp_script")
-        plain = script.Linear(argparse.Namespace(mlp=True))
+        plain = script.Linear(argparse.Namespace(mlp=True, lm=False))
         path = stopped / "checkpoint" / "model-1"
         DefaultRecorder().load(plain, path)
         state = DefaultRecorder().load(None, path)
@@ -204,38 +211,33 @@ def test_a_stopped_fsdp_run_resumes_exactly_and_on_one_process_if_whole(tmp_path
         for key, value in plain.state_dict().items():
             assert torch.equal(value, state[key])
 
-    # same world size: bit for bit; one process: within float rounding from a whole
-    # checkpoint, refused from a sharded one
-    alone = tmp_path / "alone"
+    # the same number of processes: bit for bit; one process, or four under FSDP (each
+    # reading the rows of its shards from the two files): within float rounding
+    alone, four = tmp_path / "alone", tmp_path / "four"
     shutil.copytree(stopped, alone)
+    shutil.copytree(stopped, four)
     resumed = start(stopped, "--processes", "2", "--strategy", "fsdp", "--resume", *option)
     single = start(alone, "--processes", "1", "--batch", "32", "--resume")
-    finish(resumed), finish(straight)
+    finish(resumed), finish(single)
+    quad = ("--processes", "4", "--batch", "8", "--strategy", "fsdp", "--resume", *option)
+    finish(start(four, *quad))
     expected = final(tmp_path / "straight")
     for key, value in final(stopped).items():
         assert torch.equal(value, expected[key]), key
-    log = (stopped / "experiment.log").read_text()
-    assert "Resumed from the checkpoint of epoch 1, iteration" in log
-    if not shards:
-        finish(single)
-        for key, value in final(alone).items():
-            torch.testing.assert_close(value, expected[key], rtol=1e-5, atol=1e-5)
-        return
-    _, stderr = single.communicate(timeout=120)
-    assert single.returncode == 1
-    assert (
-        "The checkpoint of epoch 1 was written in shards by 2 FSDP processes "
-        "(sharded_checkpoints=True), and this run has 1 (one process): it resumes only on 2 "
-        "processes with devices(..., strategy='fsdp')."
-    ) in stderr
-    # each checkpoint kept has its shards, and no other shard is left
-    names = sorted(p.name for p in (stopped / "checkpoint").iterdir())
-    assert [n for n in names if ".rank-" in n] == [
-        f"{part}-{epoch}.rank-{rank}.mpk"
-        for part in ("model", "optim")
-        for epoch in (1, 2)
-        for rank in (0, 1)
-    ], names
+    for other in (alone, four):
+        log = (other / "experiment.log").read_text()
+        assert "Resumed from the checkpoint of epoch 1, iteration" in log
+        for key, value in final(other).items():
+            torch.testing.assert_close(value, expected[key], rtol=0, atol=1e-5)
+    for run, ranks in ((stopped, 2), (four, 4)) if shards else ():
+        # each checkpoint kept has the shards of the processes that wrote it, no other
+        names = sorted(p.name for p in (run / "checkpoint").iterdir())
+        assert [n for n in names if ".rank-" in n] == [
+            f"{part}-{epoch}.rank-{rank}.mpk"
+            for part in ("model", "optim")
+            for epoch in (1, 2)
+            for rank in range(ranks)
+        ], names
 
 
 # Choosing the strategy, in this process ------------------------------------------------
@@ -365,6 +367,32 @@ def test_the_optimizer_state_is_written_as_a_plain_optimizer_writes_it():
         match="the optimizer part has 4 parameters in 2 groups; this run's optimizer has 2 in 1",
     ):
         _by_name(indexed, torch.optim.Adam(model[0].parameters()), model)
+
+
+def test_a_checkpoint_in_shards_is_read_by_rows_from_the_files_that_hold_them(tmp_path):
+    checkpointer = FileCheckpointer(tmp_path, DefaultRecorder(), asynchronous=False)
+    whole = torch.arange(15.0).reshape(5, 3)
+    for rank, rows in ((0, whole[:3]), (1, whole[3:])):  # chunks of 3 rows, as FSDP's
+        checkpointer.save_shard(1, rank, {"model": {"w": rows, "step": torch.tensor(7.0)}})
+    entries = {"model": [[["w"], [5, 3], [[0, 3], [3, 5]]]]}
+    DefaultRecorder().save(index_record(2, [0, 1], entries), checkpointer.path("model", 1))
+    index = ShardIndex(checkpointer, 1, "model")
+    state = index.read(lambda path, shape: None)  # one process: every row
+    assert torch.equal(state["w"], whole) and torch.equal(state["step"], torch.tensor(7.0))
+    assert torch.equal(index.read(lambda path, shape: (2, 4))["w"], whole[2:4])  # both files
+    assert index.read(lambda path, shape: (5, 5))["w"].shape == (0, 3)  # an empty shard
+    checkpointer.shard_path("model", 1, 1).unlink()  # rows of the first file only
+    assert torch.equal(index.read(lambda path, shape: (0, 2))["w"], whole[:2])
+    with pytest.raises(TrainingError, match=r"model-1.rank-1.mpk of the checkpoint .* missing"):
+        index.read(lambda path, shape: (1, 4))
+    entries = {"model": [[["w"], [5, 3], [[0, 3], [4, 5]]]]}
+    DefaultRecorder().save(index_record(2, [0, 1], entries), checkpointer.path("model", 1))
+    with pytest.raises(
+        TrainingError,
+        match=r"epoch 1 is damaged: the rows of w in the model shards are \[\(0, 3\), \(4, 5\)\], "
+        "which do not cover its 5 rows",
+    ):
+        ShardIndex(checkpointer, 1, "model")
 
 
 def test_fsdp_refuses_loaders_that_give_the_processes_different_batch_counts():

@@ -58,7 +58,8 @@ class FsdpOptions:
     - `sharded_checkpoints`: each process writes its own shards of the model and
       optimizer states (with the run's recorder) and rank 0 an index, instead of
       gathering the whole states on rank 0; for models whose whole state does not fit
-      one host. Such a checkpoint resumes on as many processes, under FSDP.
+      one host. Such a checkpoint resumes on any number of processes: each reads the
+      rows it needs from the files, by the index rank 0 writes.
     """
 
     modules: Sequence[type[nn.Module]] = ()
