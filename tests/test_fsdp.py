@@ -23,7 +23,7 @@ from ember.optim import AdamConfig
 from ember.record import DefaultRecorder
 from ember.train import LearnerBuilder
 from ember.train.checkpoint import FileCheckpointer
-from ember.train.checkpoint.shards import SHARDED, ShardIndex, index_record
+from ember.train.checkpoint.shards import SHARDED, ShardIndex, index_record, load_whole
 from ember.train.length.batches import BatchPlanner
 from ember.train.parallel import FsdpOptions
 from ember.train.parallel.fsdp import _by_index, _by_name, units
@@ -51,6 +51,11 @@ def finish(process: subprocess.Popen[str], timeout: float = 240) -> str:
 
 def final(directory: Path) -> dict[str, torch.Tensor]:
     return DefaultRecorder().load(None, directory / "final")
+
+
+def final_rank(directory: Path, rank: int) -> dict[str, torch.Tensor]:
+    """What one process held at the end (--save-every-rank): under FSDP its shards."""
+    return DefaultRecorder().load(None, directory / f"rank-{rank}")
 
 
 def epoch_means(directory: Path, split: str, epoch: int, name: str) -> float:
@@ -137,6 +142,80 @@ def test_a_language_model_with_tied_weights_trains_under_fsdp_and_loads_tied(tmp
     assert torch.equal(plain.head.weight.detach(), weights["head.weight"])
 
 
+@pytest.mark.slow
+def test_processes_with_fewer_batches_run_stand_ins_and_train_as_one_process(tmp_path):
+    # 181 training samples: 91 and 90 per process, 7 and 6 batches of 15 (4 steps of 2);
+    # 61 validation samples: 3 and 2 batches. The second process runs a stand-in (its
+    # last batch again, weighing nothing) for the first one's seventh batch.
+    uneven = ("--samples", "181", "--batch", "15")
+    one = start(tmp_path / "one", "--processes", "1", "--samples", "181", "--batch", "30")
+    fsdp = start(tmp_path / "fsdp", "--strategy", "fsdp", *uneven)
+    finish(one), finish(fsdp)
+    expected = final(tmp_path / "one")
+    for key, value in final(tmp_path / "fsdp").items():
+        torch.testing.assert_close(value, expected[key], rtol=0, atol=1e-5)
+    for split, samples, lines in (("train", 181, 7 + 6), ("valid", 61, 3 + 2)):
+        for epoch in (1, 2):
+            ours = epoch_means(tmp_path / "fsdp", split, epoch, "Loss")
+            assert abs(ours - epoch_means(tmp_path / "one", split, epoch, "Loss")) < 1e-5
+            log = tmp_path / "fsdp" / split / f"epoch-{epoch}" / "Loss.log"
+            rows = [line.split(",") for line in log.read_text().splitlines()]
+            assert len(rows) == lines  # each process's batches; no stand-in counted
+            assert sum(int(weight) for _, weight in rows) == samples
+
+
+@pytest.mark.slow
+def test_sync_batchnorm_on_the_cpu_gives_every_process_rank_0s_statistics(tmp_path):
+    norm = ("--norm", "--epochs", "1", "--save-every-rank")
+    runs = {
+        "fsdp": start(tmp_path / "fsdp", "--strategy", "fsdp", "--sync-bn", task=norm),
+        "ddp": start(tmp_path / "ddp", "--sync-bn", task=norm),
+        "apart": start(tmp_path / "apart", "--strategy", "fsdp", task=norm),
+    }
+    for process in runs.values():
+        finish(process)
+    statistics = ("layer.0.running_mean", "layer.0.running_var")
+    for name in runs:
+        ranks = [final_rank(tmp_path / name, rank) for rank in (0, 1)]
+        same = all(torch.equal(ranks[0][key], ranks[1][key]) for key in statistics)
+        assert same == (name != "apart"), name  # FSDP alone leaves each process its own
+    reference = final(tmp_path / "ddp")
+    for key, value in final(tmp_path / "fsdp").items():
+        torch.testing.assert_close(value, reference[key], rtol=0, atol=1e-5)
+    log = (tmp_path / "fsdp" / "experiment.log").read_text()
+    assert "BatchNorm running statistics of rank 0 (SyncBatchNorm needs GPUs)" in log
+
+
+@pytest.mark.slow
+def test_hsdp_on_a_2_by_2_mesh_trains_as_fsdp_and_one_process(tmp_path):
+    four = ("--processes", "4", "--batch", "8")
+    hybrid = ("--strategy", "hsdp", "--shard-size", "2", "--sharded-checkpoints")
+    hsdp = start(tmp_path / "hsdp", *four, *hybrid)
+    finish(hsdp)
+    fsdp = start(tmp_path / "fsdp", *four, "--strategy", "fsdp")
+    one = start(tmp_path / "one", "--processes", "1", "--batch", "32")
+    finish(fsdp), finish(one)
+    weights = final(tmp_path / "hsdp")
+    for reference in ("one", "fsdp"):
+        for key, value in final(tmp_path / reference).items():
+            torch.testing.assert_close(weights[key], value, rtol=0, atol=1e-5)
+    log = (tmp_path / "hsdp" / "experiment.log").read_text()
+    assert "4 processes (gloo)" in log
+    assert "parameters sharded (HSDP; units: Block; shard groups of 2 processes;" in log
+    # the first copy's two processes wrote the shards, which load into a plain model
+    checkpoints = tmp_path / "hsdp" / "checkpoint"
+    assert sorted(p.name for p in checkpoints.glob("model-2.*")) == [
+        "model-2.mpk",
+        "model-2.rank-0.mpk",
+        "model-2.rank-1.mpk",
+    ]
+    script = load_example(SCRIPT, "train_ddp_script")
+    plain = script.Linear(argparse.Namespace(mlp=True, lm=False))
+    load_whole(FileCheckpointer(checkpoints, DefaultRecorder()), 2, plain, None)
+    for key, value in plain.state_dict().items():
+        assert torch.equal(value, weights[key]), key
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_fsdp_on_two_gpus_trains_as_ddp_and_its_checkpoint_resumes_on_one(tmp_path):
@@ -154,6 +233,28 @@ def test_fsdp_on_two_gpus_trains_as_ddp_and_its_checkpoint_resumes_on_one(tmp_pa
         "Resumed from the checkpoint of epoch 2."
         in (tmp_path / "fsdp" / "experiment.log").read_text()
     )
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_sync_batchnorm_on_two_gpus_shares_the_batch_statistics(tmp_path):
+    gpus = ("--processes", "2", "--device", "cuda", "--sync-bn")
+    norm = ("--norm", "--epochs", "1", "--save-every-rank")
+    runs = {
+        "fsdp": start(tmp_path / "fsdp", *gpus, "--strategy", "fsdp", task=norm),
+        "ddp": start(tmp_path / "ddp", *gpus, task=norm),
+    }
+    for process in runs.values():
+        finish(process)
+    for name in runs:  # SyncBatchNorm: every process computed the same statistics
+        ranks = [final_rank(tmp_path / name, rank) for rank in (0, 1)]
+        for key in ("layer.0.running_mean", "layer.0.running_var"):
+            torch.testing.assert_close(ranks[0][key], ranks[1][key], rtol=1e-5, atol=1e-6)
+        log = (tmp_path / name / "experiment.log").read_text()
+        assert "BatchNorm statistics shared (SyncBatchNorm)" in log
+    reference = final(tmp_path / "ddp")
+    for key, value in final(tmp_path / "fsdp").items():
+        torch.testing.assert_close(value, reference[key], rtol=1e-4, atol=1e-5)
 
 
 def stop_mid_epoch(directory: Path, events: Path, *args: str) -> subprocess.Popen[str]:
@@ -261,7 +362,7 @@ class Net(nn.Module):
 
 def test_strategy_errors_name_the_fix():
     builder = LearnerBuilder("unused")
-    with pytest.raises(ConfigError, match=r"takes 'ddp' .* or 'fsdp' .*, got 'zero3'"):
+    with pytest.raises(ConfigError, match=r"takes 'ddp' .*, 'fsdp' .* or 'hsdp' .*, got 'zero3'"):
         builder.devices(["cpu", "cpu"], strategy="zero3")
     with pytest.raises(
         ConfigError, match="shards the model over several processes, but this run has one"
@@ -276,6 +377,12 @@ def test_strategy_errors_name_the_fix():
         ConfigError, match="unknown option 'reshard'. FSDP options: modules, min_params"
     ):
         builder.devices(["cpu", "cpu"], strategy="fsdp", reshard=True)
+    with pytest.raises(ConfigError, match="shard_size=2 is the size of HSDP's shard groups"):
+        builder.devices(["cpu"] * 4, strategy="fsdp", shard_size=2)
+    with pytest.raises(ConfigError, match="shard_size=3 does not divide the 4 processes"):
+        builder.devices(["cpu"] * 4, strategy="hsdp", shard_size=3)
+    with pytest.raises(ConfigError, match=r"strategy='hsdp'\) shards the model .* has one"):
+        builder.devices(["cpu"], strategy="hsdp")
     with pytest.raises(ConfigError, match="takes 'bf16'"):
         builder.devices(["cpu", "cpu"], strategy="fsdp", mixed_precision="fp8")
     with pytest.raises(ConfigError, match=r"modules=...\) takes torch.nn.Module classes"):
@@ -395,14 +502,30 @@ def test_a_checkpoint_in_shards_is_read_by_rows_from_the_files_that_hold_them(tm
         ShardIndex(checkpointer, 1, "model")
 
 
-def test_fsdp_refuses_loaders_that_give_the_processes_different_batch_counts():
-    data = list(torch.randn(17, 2))  # 9 and 8 samples: 2 and 1 batches of 8
+def test_loaders_that_cannot_give_every_process_its_batches_are_refused():
+    data = list(torch.randn(17, 2))  # 9 and 8 samples per process
     uneven = BatchPlanner(DataLoaderBuilder().batch_size(8).build(data), shard=(0, 2))
+    uneven.check_stand_ins("training")  # 2 and 1 batches: the second runs a stand-in
     with pytest.raises(
         TrainingError,
-        match=r"gives the 2 processes 1 or 2 batches per epoch \(17 samples, batch size 8\); FSDP needs the same number",
+        match=r"gives the 2 processes 1 or 2 batches per epoch \(17 samples, batch size 8\); "
+        r"sync_batchnorm\(\) needs the same number on every process. Build the loader",
     ):
-        uneven.check_even("training")
-    BatchPlanner(
-        DataLoaderBuilder().batch_size(8).drop_last().build(data), shard=(1, 2)
-    ).check_even("training")
+        uneven.check_even("training", "sync_batchnorm()", "Build the loader ...")
+    dropped = DataLoaderBuilder().batch_size(9).drop_last().build(data)  # 1 and 0 batches
+    with pytest.raises(
+        TrainingError,
+        match=r"gives 1 of the 2 processes no batch \(17 samples, batch size 9, drop_last\); "
+        "under FSDP a process with fewer batches runs stand-ins",
+    ):
+        BatchPlanner(dropped, shard=(1, 2)).check_stand_ins("training")
+
+
+def test_sync_batchnorm_needs_several_processes_and_a_batchnorm():
+    with pytest.raises(
+        ConfigError, match=r"sync_batchnorm\(\) shares the BatchNorm .* this run has one"
+    ):
+        LearnerBuilder("unused").sync_batchnorm().build(Net(), AdamConfig(), 1e-3)
+    two = LearnerBuilder("unused").devices(["cpu", "cpu"]).sync_batchnorm()
+    with pytest.raises(ConfigError, match=r"sync_batchnorm\(\): Net has no BatchNorm layer"):
+        two.build(Net(), AdamConfig(), 1e-3)

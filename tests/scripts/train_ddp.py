@@ -2,15 +2,17 @@
 
 Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-rank R]
     [--hang-rank R] [--slow SECONDS] [--events FILE] [--timeout SECONDS] [--resume]
-    [--strategy ddp|fsdp] [--sharded-checkpoints] [--mlp] [--adam] [--accumulate K]
+    [--strategy ddp|fsdp|hsdp [--shard-size N]] [--sharded-checkpoints] [--mlp] [--adam] [--accumulate K]
     [--clip NORM] [--device cpu|cuda] [--recompute]
     [--valid-every N] [--limit-train N] [--nan-rank R --nan-step S] [--skip-nonfinite]
     [--save-every-rank] [--token-mean] [--train-for DURATION] [--fits N [--oom-rank R]]
-    [--direct] [--lm]
+    [--direct] [--lm] [--samples N] [--sync-bn]
 Under torchrun, pass --processes 1: torchrun provides the processes.
 
 --strategy fsdp shards the model (each hidden block of --mlp is a unit of its own),
---sharded-checkpoints has each process write its own shards;
+hsdp shards it within groups of --shard-size processes (default: all of them),
+--sharded-checkpoints has each process write its own shards; --sync-bn shares the
+BatchNorm statistics (sync_batchnorm()); --samples sets the training samples (203);
 --mlp trains two hidden blocks instead of one linear layer (--norm: a BatchNorm1d
 before it), --direct has the steps call that layer themselves instead of the model's
 forward; --lm trains a language model whose head is tied to its embedding (with
@@ -21,7 +23,8 @@ state is sharded too), --accumulate and --clip set gradient accumulation and cli
 for an hour; --slow sleeps in every step; --recompute turns on activation
 checkpointing of the model's Linear layer. --nan-rank makes the loss of that rank's
 --nan-step-th training step NaN; --skip-nonfinite trains with nonfinite_loss("skip");
---save-every-rank has every process save its own weights (DIR/rank-R); --token-mean
+--save-every-rank has every process save its own weights (DIR/rank-R; under FSDP its
+shards and buffers); --token-mean
 reports each loss as a mean over tokens (each sample stands for 1 to 5 of them).
 --fits raises torch.OutOfMemoryError on a training batch of more than N samples (on
 rank R only with --oom-rank); --accumulate auto splits batches that do not fit. --events appends "<what> <rank> <time>" lines
@@ -188,14 +191,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token-mean", action="store_true")
     parser.add_argument("--direct", action="store_true")
     parser.add_argument("--lm", action="store_true")
+    parser.add_argument("--samples", type=int, default=203)
+    parser.add_argument("--sync-bn", action="store_true")
+    parser.add_argument("--shard-size", type=int, default=None)
     parser.add_argument("--train-for", default=None)
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
     ember.seed(3)
-    batcher, train_set, valid_set = BlobBatcher(), BlobDataset(203), BlobDataset(61, seed=1)
+    batcher, train_set = BlobBatcher(), BlobDataset(args.samples)
+    valid_set: torch.utils.data.Dataset = BlobDataset(61, seed=1)
     if args.lm:
-        batcher, train_set, valid_set = TokenBatcher(), Tokens(203), Tokens(61, seed=1)
+        batcher, train_set, valid_set = TokenBatcher(), Tokens(args.samples), Tokens(61, seed=1)
     train = DataLoaderBuilder(batcher).batch_size(args.batch).shuffle(3).build(train_set)
     valid = DataLoaderBuilder(batcher).batch_size(args.batch).build(valid_set)
     builder = LearnerBuilder(args.dir)
@@ -203,8 +210,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.device == "cuda":  # one GPU per process (under torchrun: cuda:LOCAL_RANK)
         devices = [f"cuda:{i}" for i in range(args.processes)] if args.processes > 1 else ["cuda"]
     strategy = {}
-    if args.strategy == "fsdp":
-        strategy = {"strategy": "fsdp", "modules": [Block, nn.Embedding] if args.lm else [Block]}
+    if args.strategy in ("fsdp", "hsdp"):
+        units = [Block, nn.Embedding] if args.lm else [Block]
+        strategy = {"strategy": args.strategy, "modules": units}
+        if args.shard_size is not None:
+            strategy["shard_size"] = args.shard_size
         if args.sharded_checkpoints:
             strategy["sharded_checkpoints"] = True
     if args.resume:
@@ -217,6 +227,8 @@ def main(argv: list[str] | None = None) -> None:
         builder = builder.nonfinite_loss("skip")
     if args.recompute:
         builder = builder.activation_checkpointing(nn.Linear)
+    if args.sync_bn:
+        builder = builder.sync_batchnorm()
     if args.every_minutes is not None:
         builder = builder.checkpoint_every(minutes=args.every_minutes)
     if args.max_minutes is not None:
@@ -242,11 +254,13 @@ def main(argv: list[str] | None = None) -> None:
     state = learner.model_state_dict()  # gathered on rank 0 under FSDP
     if int(os.environ.get("RANK", "0")) == 0 and learner.outcome == "completed":
         DefaultRecorder().save(state, Path(args.dir) / "final", kind="module")
-    if args.save_every_rank:  # each replica's own weights, to compare them
+    if args.save_every_rank:  # each replica's own weights (FSDP: its shards), to compare
         rank = int(os.environ.get("RANK", "0"))
-        DefaultRecorder().save(
-            learner.model.state_dict(), Path(args.dir) / f"rank-{rank}", kind="module"
-        )
+        own = {
+            key: (value.to_local() if hasattr(value, "to_local") else value).cpu()
+            for key, value in learner.model.state_dict().items()
+        }
+        DefaultRecorder().save(own, Path(args.dir) / f"rank-{rank}", kind="module")
     sys.exit(learner.exit_code)
 
 
