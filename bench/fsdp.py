@@ -1,6 +1,8 @@
-"""Memory per process and step time of a small transformer under DDP and FSDP (CPU, gloo).
+"""Memory per process and step time of a small transformer under DDP, FSDP and HSDP
+(CPU, gloo).
 
     python bench/fsdp.py [--layers 4] [--worlds 2 4] [--steps 8] [--cap-mib 64]
+        [--hsdp-world 4 --shard-size 2]
 
 Each run is a fresh `python bench/fsdp.py --run STRATEGY N` process; ember starts the
 other N - 1 processes itself. The model is a language model of `--layers` transformer
@@ -15,6 +17,11 @@ the largest model of the family (number of layers) whose parameters, gradients a
 optimizer state fit `--cap-mib` per process under each strategy: the bytes measured
 per parameter, times the parameters of each family member. Activations and the
 parameters FSDP gathers for one layer at a time come on top of these figures.
+
+A second table compares the three strategies on `--hsdp-world` processes, HSDP with
+shard groups of `--shard-size` (a 2 x 2 mesh by default: two copies of the model, each
+sharded over two processes): the bytes of the parameters, the gradients and the
+optimizer state per process, each apart.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 D_MODEL, HEADS, FEED, VOCAB, SEQUENCE = 256, 4, 1024, 1000, 32
 
@@ -61,7 +69,7 @@ def held_bytes(model, optimizer) -> dict[str, int]:
     return sizes
 
 
-def run(strategy: str, processes: int, layers: int, steps: int) -> None:
+def run(strategy: str, processes: int, layers: int, steps: int, shard_size: int) -> None:
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -114,10 +122,14 @@ def run(strategy: str, processes: int, layers: int, steps: int) -> None:
     shared = os.environ.setdefault("EMBER_BENCH_DIR", tempfile.mkdtemp())
     meter = Meter()
     model = LanguageModel()
-    options = {"strategy": "fsdp", "modules": [nn.TransformerEncoderLayer]}
+    options: dict = {}
+    if strategy != "ddp":
+        options = {"strategy": strategy, "modules": [nn.TransformerEncoderLayer]}
+    if strategy == "hsdp":
+        options["shard_size"] = shard_size
     learner = (
         LearnerBuilder(Path(shared) / "run", overwrite=True)
-        .devices(["cpu"] * processes, timeout=600, **(options if strategy == "fsdp" else {}))
+        .devices(["cpu"] * processes, timeout=600, **options)
         .listener(meter)
         .renderer(PlainRenderer(interval=3600))
         .build(model, torch.optim.Adam(model.parameters(), 1e-3), 1e-3)
@@ -135,11 +147,13 @@ def run(strategy: str, processes: int, layers: int, steps: int) -> None:
     Path(shared, f"rank-{rank}.json").write_text(json.dumps(result))
 
 
-def measure(strategy: str, processes: int, layers: int, steps: int) -> list[dict]:
+def measure(
+    strategy: str, processes: int, layers: int, steps: int, shard_size: int = 2
+) -> list[dict]:
     with tempfile.TemporaryDirectory() as shared:
         subprocess.run(
             [sys.executable, __file__, "--run", strategy, str(processes), "--layers", str(layers)]
-            + ["--steps", str(steps)],
+            + ["--steps", str(steps), "--shard-size", str(shard_size)],
             capture_output=True,
             text=True,
             check=True,
@@ -155,10 +169,21 @@ def main() -> None:
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--cap-mib", type=float, default=64.0)
+    parser.add_argument("--hsdp-world", type=int, default=4)
+    parser.add_argument("--shard-size", type=int, default=2)
     args = parser.parse_args()
     if args.run is not None:
-        run(args.run[0], int(args.run[1]), args.layers, args.steps)
+        run(args.run[0], int(args.run[1]), args.layers, args.steps, args.shard_size)
         return
+    runs: dict[tuple[str, int], list[dict]] = {}
+
+    def runs_of(strategy: str, world: int) -> list[dict]:
+        if (strategy, world) not in runs:
+            runs[strategy, world] = measure(
+                strategy, world, args.layers, args.steps, args.shard_size
+            )
+        return runs[strategy, world]
+
     cap = args.cap_mib * 2**20
     parameters = family_parameters(args.layers)
     print(
@@ -172,10 +197,10 @@ def main() -> None:
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for world in args.worlds:
-        runs = {s: measure(s, world, args.layers, args.steps) for s in ("ddp", "fsdp")}
-        assert all(r["parameters"] == parameters for rs in runs.values() for r in rs)
-        held = {s: max(sum(r["bytes"].values()) for r in rs) for s, rs in runs.items()}
-        step = {s: statistics.median(r["step"] for r in rs) for s, rs in runs.items()}
+        both = {s: runs_of(s, world) for s in ("ddp", "fsdp")}
+        assert all(r["parameters"] == parameters for rs in both.values() for r in rs)
+        held = {s: max(sum(r["bytes"].values()) for r in rs) for s, rs in both.items()}
+        step = {s: statistics.median(r["step"] for r in rs) for s, rs in both.items()}
         fits = {}
         for strategy, total in held.items():
             per_parameter = total / parameters
@@ -187,6 +212,35 @@ def main() -> None:
             f"| {world} | {held['ddp'] / 2**20:.2f} | {held['fsdp'] / 2**20:.2f} | "
             f"{held['fsdp'] / held['ddp']:.3f} | {1 / world:.3f} | "
             f"{step['fsdp'] / step['ddp']:.2f} | {fits['ddp']} | {fits['fsdp']} |"
+        )
+
+    hybrid(args, runs_of)
+
+
+def hybrid(args: argparse.Namespace, runs_of: Any) -> None:
+    """The table of DDP, FSDP and HSDP on `--hsdp-world` processes, bytes by kind."""
+    world, shard = args.hsdp_world, args.shard_size
+    print()
+    print(
+        f"{world} processes; HSDP: {world // shard} copies of the model, each sharded over "
+        f"{shard} processes. MiB per process (the largest over the ranks):"
+    )
+    print(
+        "| strategy | parameters | gradients | optimizer state | total | / DDP | step time / DDP |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    ddp = runs_of("ddp", world)
+    ddp_total = max(sum(r["bytes"].values()) for r in ddp)
+    ddp_step = statistics.median(r["step"] for r in ddp)
+    for strategy in ("ddp", "fsdp", "hsdp"):
+        measured = runs_of(strategy, world)
+        largest = max(measured, key=lambda r: sum(r["bytes"].values()))["bytes"]
+        total = sum(largest.values())
+        step = statistics.median(r["step"] for r in measured)
+        kinds = " | ".join(f"{largest[k] / 2**20:.2f}" for k in ("params", "grads", "optimizer"))
+        print(
+            f"| {strategy.upper()} | {kinds} | {total / 2**20:.2f} | {total / ddp_total:.3f} | "
+            f"{step / ddp_step:.2f} |"
         )
 
 

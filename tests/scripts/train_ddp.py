@@ -2,23 +2,29 @@
 
 Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-rank R]
     [--hang-rank R] [--slow SECONDS] [--events FILE] [--timeout SECONDS] [--resume]
-    [--strategy ddp|fsdp] [--sharded-checkpoints] [--mlp] [--adam] [--accumulate K]
+    [--strategy ddp|fsdp|hsdp [--shard-size N]] [--sharded-checkpoints] [--mlp] [--adam] [--accumulate K]
     [--clip NORM] [--device cpu|cuda] [--recompute]
     [--valid-every N] [--limit-train N] [--nan-rank R --nan-step S] [--skip-nonfinite]
     [--save-every-rank] [--token-mean] [--train-for DURATION] [--fits N [--oom-rank R]]
+    [--direct] [--lm] [--samples N] [--sync-bn]
 Under torchrun, pass --processes 1: torchrun provides the processes.
 
 --strategy fsdp shards the model (each hidden block of --mlp is a unit of its own),
---sharded-checkpoints has each process write its own shards;
+hsdp shards it within groups of --shard-size processes (default: all of them),
+--sharded-checkpoints has each process write its own shards; --sync-bn shares the
+BatchNorm statistics (sync_batchnorm()); --samples sets the training samples (203);
 --mlp trains two hidden blocks instead of one linear layer (--norm: a BatchNorm1d
-before it), --adam uses Adam (whose
+before it), --direct has the steps call that layer themselves instead of the model's
+forward; --lm trains a language model whose head is tied to its embedding (with
+--strategy fsdp the embedding is a unit too), --adam uses Adam (whose
 state is sharded too), --accumulate and --clip set gradient accumulation and clipping.
 
 --fail-rank raises in the third training step of that rank, --hang-rank sleeps there
 for an hour; --slow sleeps in every step; --recompute turns on activation
 checkpointing of the model's Linear layer. --nan-rank makes the loss of that rank's
 --nan-step-th training step NaN; --skip-nonfinite trains with nonfinite_loss("skip");
---save-every-rank has every process save its own weights (DIR/rank-R); --token-mean
+--save-every-rank has every process save its own weights (DIR/rank-R; under FSDP its
+shards and buffers); --token-mean
 reports each loss as a mean over tokens (each sample stands for 1 to 5 of them).
 --fits raises torch.OutOfMemoryError on a training batch of more than N samples (on
 rank R only with --oom-rank); --accumulate auto splits batches that do not fit. --events appends "<what> <rank> <time>" lines
@@ -38,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ember_testing
 
 import torch
 import torch.nn.functional as F
-from ember_testing import BlobBatcher, BlobDataset
+from ember_testing import Batch, BlobBatcher, BlobDataset
 from torch import nn
 
 import ember
@@ -65,10 +71,41 @@ class Block(nn.Module):
         return torch.tanh(self.linear(x))
 
 
+class Tokens(torch.utils.data.Dataset):
+    """Sequences of 7 tokens (of 11) drawn from a fixed Markov chain, for --lm."""
+
+    def __init__(self, size: int, seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        chain = torch.softmax(
+            torch.randn(11, 11, generator=torch.Generator().manual_seed(5)) * 3, 1
+        )
+        tokens = [torch.randint(0, 11, (size,), generator=generator)]
+        for _ in range(6):
+            tokens.append(torch.multinomial(chain[tokens[-1]], 1, generator=generator)[:, 0])
+        self.sequences = torch.stack(tokens, dim=1)
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __getitem__(self, index: int):
+        return self.sequences[index]
+
+
+class TokenBatcher:
+    def batch(self, items):
+        sequences = torch.stack(list(items))
+        return Batch(sequences[:, :-1], sequences[:, 1:])
+
+
 class Linear(nn.Module):
     def __init__(self, args: argparse.Namespace):
         super().__init__()
-        if args.mlp:
+        if args.lm:  # a language model whose output head is its embedding (tied weights)
+            self.embed = nn.Embedding(11, 16)
+            self.layer = nn.Sequential(Block(16, 16), Block(16, 16))
+            self.head = nn.Linear(16, 11, bias=False)
+            self.head.weight = self.embed.weight
+        elif args.mlp:
             self.layer: nn.Module = nn.Sequential(Block(8, 16), Block(16, 16), nn.Linear(16, 3))
         elif args.norm:
             self.layer = nn.Sequential(nn.BatchNorm1d(8), nn.Linear(8, 3))
@@ -80,7 +117,12 @@ class Linear(nn.Module):
         return self.layer(x)
 
     def classify(self, batch):
-        output = self(batch.inputs)
+        if self.args.lm:  # the next token at each position, calling the submodules
+            logits = self.head(self.layer(self.embed(batch.inputs))).reshape(-1, 11)
+            targets = batch.targets.reshape(-1)
+            return ClassificationOutput(F.cross_entropy(logits, targets), logits, targets)
+        # --direct: the step calls the submodule itself, never the model's forward
+        output = self.layer(batch.inputs) if self.args.direct else self(batch.inputs)
         if self.args.token_mean:  # each sample stands for 1 to 5 tokens of the same loss
             tokens = 1 + (batch.inputs[:, 0].abs() * 10).long() % 5
             losses = F.cross_entropy(output, batch.targets, reduction="none")
@@ -147,22 +189,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-nonfinite", action="store_true")
     parser.add_argument("--save-every-rank", action="store_true")
     parser.add_argument("--token-mean", action="store_true")
+    parser.add_argument("--direct", action="store_true")
+    parser.add_argument("--lm", action="store_true")
+    parser.add_argument("--samples", type=int, default=203)
+    parser.add_argument("--sync-bn", action="store_true")
+    parser.add_argument("--shard-size", type=int, default=None)
     parser.add_argument("--train-for", default=None)
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
     ember.seed(3)
-    train = (
-        DataLoaderBuilder(BlobBatcher()).batch_size(args.batch).shuffle(3).build(BlobDataset(203))
-    )
-    valid = DataLoaderBuilder(BlobBatcher()).batch_size(args.batch).build(BlobDataset(61, seed=1))
+    batcher, train_set = BlobBatcher(), BlobDataset(args.samples)
+    valid_set: torch.utils.data.Dataset = BlobDataset(61, seed=1)
+    if args.lm:
+        batcher, train_set, valid_set = TokenBatcher(), Tokens(args.samples), Tokens(61, seed=1)
+    train = DataLoaderBuilder(batcher).batch_size(args.batch).shuffle(3).build(train_set)
+    valid = DataLoaderBuilder(batcher).batch_size(args.batch).build(valid_set)
     builder = LearnerBuilder(args.dir)
     devices = ["cpu"] * args.processes
     if args.device == "cuda":  # one GPU per process (under torchrun: cuda:LOCAL_RANK)
         devices = [f"cuda:{i}" for i in range(args.processes)] if args.processes > 1 else ["cuda"]
     strategy = {}
-    if args.strategy == "fsdp":
-        strategy = {"strategy": "fsdp", "modules": [Block]}
+    if args.strategy in ("fsdp", "hsdp"):
+        units = [Block, nn.Embedding] if args.lm else [Block]
+        strategy = {"strategy": args.strategy, "modules": units}
+        if args.shard_size is not None:
+            strategy["shard_size"] = args.shard_size
         if args.sharded_checkpoints:
             strategy["sharded_checkpoints"] = True
     if args.resume:
@@ -175,6 +227,8 @@ def main(argv: list[str] | None = None) -> None:
         builder = builder.nonfinite_loss("skip")
     if args.recompute:
         builder = builder.activation_checkpointing(nn.Linear)
+    if args.sync_bn:
+        builder = builder.sync_batchnorm()
     if args.every_minutes is not None:
         builder = builder.checkpoint_every(minutes=args.every_minutes)
     if args.max_minutes is not None:
@@ -200,11 +254,13 @@ def main(argv: list[str] | None = None) -> None:
     state = learner.model_state_dict()  # gathered on rank 0 under FSDP
     if int(os.environ.get("RANK", "0")) == 0 and learner.outcome == "completed":
         DefaultRecorder().save(state, Path(args.dir) / "final", kind="module")
-    if args.save_every_rank:  # each replica's own weights, to compare them
+    if args.save_every_rank:  # each replica's own weights (FSDP: its shards), to compare
         rank = int(os.environ.get("RANK", "0"))
-        DefaultRecorder().save(
-            learner.model.state_dict(), Path(args.dir) / f"rank-{rank}", kind="module"
-        )
+        own = {
+            key: (value.to_local() if hasattr(value, "to_local") else value).cpu()
+            for key, value in learner.model.state_dict().items()
+        }
+        DefaultRecorder().save(own, Path(args.dir) / f"rank-{rank}", kind="module")
     sys.exit(learner.exit_code)
 
 

@@ -11,6 +11,7 @@ from ember.data.device import describe
 from ember.train.length.run_length import RunLength
 from ember.train.optimization import Optimization
 from ember.train.options import LearnerOptions
+from ember.train.parallel.batchnorm import converts
 from ember.train.renderer.base import RunInfo
 
 __all__ = ["describe", "describe_run", "run_info"]
@@ -82,9 +83,16 @@ def describe_run(
             extras.append(f"{split} limited to {share} of the batches of each epoch")
     if dist is not None:
         extras.append(f"{dist.world} processes ({dist.backend}), rank 0 writes the artifacts")
+    if dist is not None and options.sync_batchnorm:
+        extras.append(
+            "BatchNorm statistics shared (SyncBatchNorm)"
+            if converts(dist.device)
+            else "BatchNorm running statistics of rank 0 (SyncBatchNorm needs GPUs)"
+        )
     fsdp = options.fsdp
     if dist is not None and fsdp is not None:
-        extras.append(f"parameters sharded (FSDP; {fsdp.describe()})")
+        ties = "".join(f"; {note}" for note in getattr(dist.sharding, "notes", ()))
+        extras.append(f"parameters sharded ({fsdp.name}; {fsdp.describe()}{ties})")
     if length.train_for is not None:  # the epochs shown are where the length should end
         extras.insert(0, f"training for {length.train_for} ({length.progress_text()} done)")
     accumulation = str(options.grads_accumulation)

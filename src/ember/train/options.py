@@ -76,6 +76,8 @@ class LearnerOptions:
     """Checkpoint each time the run passes a multiple of this many samples or tokens."""
     limit_batches: tuple[int | float | None, int | float | None] = (None, None)
     memory_history: int | None = None
+    sync_batchnorm: bool = False
+    """BatchNorm statistics shared by the processes (`LearnerBuilder.sync_batchnorm`)."""
     """Record CUDA allocations (this many events) for an out-of-memory post-mortem."""
     """The batches each epoch takes of the training and validation loaders: a count, a
     fraction of the loader's batches, or None for all."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
@@ -16,14 +17,18 @@ OutputT = TypeVar("OutputT")
 ValidT = TypeVar("ValidT", covariant=True)
 
 
+@dataclass(init=False, repr=False, eq=False, slots=True)
 class TrainOutput(Generic[T]):
     """What `train_step` returns: the item metrics read, and the loss ember backpropagates.
 
     `loss` defaults to `item.loss`. ember calls `backward()` itself, which is what lets
     it accumulate gradients, scale losses for mixed precision and synchronise devices.
+    A dataclass, so that FSDP finds the loss among a step's outputs and gathers the
+    parameters again for the backward (`register_fsdp_forward_method`).
     """
 
-    __slots__ = ("item", "loss")
+    item: T
+    loss: torch.Tensor
 
     def __init__(self, item: T, loss: torch.Tensor | None = None) -> None:
         if loss is None:

@@ -19,6 +19,7 @@ from ember.train.build.checks import (
     check_precision,
     check_processes,
     check_resume,
+    check_sync_batchnorm,
 )
 from ember.train.build.resolve import place_model, run_checkpointer, run_device
 from ember.train.build.state import BuilderState
@@ -246,9 +247,11 @@ class LearnerBuilder:
         process waits for the others in a collective.
 
         With several processes, `strategy` says how they share the model: "ddp" (each
-        holds a whole copy; the default) or "fsdp" (each holds a shard of the
-        parameters, gradients and optimizer state), with the options of `FsdpOptions`
-        as keywords (`devices([...], strategy="fsdp", mixed_precision="bf16")`) or
+        holds a whole copy; the default), "fsdp" (each holds a shard of the
+        parameters, gradients and optimizer state) or "hsdp" (each machine's processes
+        shard one copy, the machines hold a copy each; `shard_size=N` for groups of N
+        processes), with the options of `FsdpOptions` as keywords
+        (`devices([...], strategy="fsdp", mixed_precision="bf16")`) or
         `strategy=FsdpOptions(...)`."""
         parsed = parse_devices(devices, timeout)
         self._state.fsdp = choose(strategy, fsdp, world_size(parsed))
@@ -340,6 +343,15 @@ class LearnerBuilder:
     def mixed_precision(self, dtype: str) -> LearnerBuilder:
         """Run steps under `torch.autocast` in "bf16" or "fp16" (fp16 adds a GradScaler)."""
         self._state.mixed_precision = check_mixed_precision(dtype)
+        return self
+
+    def sync_batchnorm(self) -> LearnerBuilder:
+        """Share the BatchNorm statistics between the processes (DDP or FSDP). On GPUs
+        every BatchNorm becomes a `torch.nn.SyncBatchNorm`: each batch is normalized with
+        the statistics of every process's batch. torch's SyncBatchNorm does not run on
+        the CPU: there, every process keeps rank 0's running statistics (broadcast after
+        each training forward), so all validate and end with the same ones."""
+        self._state.sync_batchnorm = True
         return self
 
     def grad_clipping(
@@ -439,6 +451,8 @@ class LearnerBuilder:
             check_micro_auto(manual, state.fsdp)
         device = run_device(model, state.devices, placement)
         check_device(device, state.memory_history, state.fsdp)
+        if state.sync_batchnorm:
+            check_sync_batchnorm(model, world_size(state.devices))
         place_model(model, device, state.recompute, state.compile)
         optimization = state.optimization(model, optimizer, lr, device)
         check_closures(

@@ -79,6 +79,22 @@ def check_precision(fsdp: FsdpOptions | None, mixed_precision: str | None) -> No
         )
 
 
+def check_sync_batchnorm(model: torch.nn.Module, world: int) -> None:
+    """`sync_batchnorm()` needs several processes and a BatchNorm to share."""
+    if world < 2:
+        raise ConfigError(
+            "sync_batchnorm() shares the BatchNorm statistics between processes, but this "
+            "run has one. List several devices (devices(['cuda:0', 'cuda:1'])), launch with "
+            "torchrun, or drop sync_batchnorm()."
+        )
+    norms = (torch.nn.modules.batchnorm._BatchNorm,)
+    if not any(isinstance(module, norms) for module in model.modules()):
+        raise ConfigError(
+            f"sync_batchnorm(): {type(model).__name__} has no BatchNorm layer "
+            "(BatchNorm1d/2d/3d) whose statistics could be shared. Drop sync_batchnorm()."
+        )
+
+
 def check_processes(manual: bool, devices: Sequence[torch.device] | None, placement: Any) -> None:
     """Custom optimization runs on one process."""
     if manual and ((devices is not None and len(devices) > 1) or placement):

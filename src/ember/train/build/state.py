@@ -42,6 +42,7 @@ class BuilderState:
     grads_accumulation: int = 1
     micro_auto: bool = False
     memory_history: int | None = None
+    sync_batchnorm: bool = False
     recorder: Recorder | None = None
     checkpointer: Checkpointer | None = None
     num_epochs: int = 1
@@ -149,4 +150,5 @@ class BuilderState:
             checkpoint_every=self.every_count,
             limit_batches=(self.limits["train"], self.limits["valid"]),
             memory_history=self.memory_history,
+            sync_batchnorm=self.sync_batchnorm,
         )

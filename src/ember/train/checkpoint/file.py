@@ -65,8 +65,8 @@ class FileCheckpointer:
             self.recorder.save(tree, self.shard_path(part, epoch, rank), kind="state")
 
     def drop_shards(self, epoch: int) -> None:
-        """Before `epoch` is written whole over a checkpoint written in shards: remove
-        its last part, then the shards, which the new checkpoint does not use."""
+        """Before `epoch` is written over a checkpoint written in shards (whole, or in
+        shards by other processes): remove its last part, then the old shards."""
         shards = [
             shard
             for part in ("model", "optim")

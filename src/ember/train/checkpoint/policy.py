@@ -15,6 +15,7 @@ from ember.lr.base import ConstantLr
 from ember.rng import capture_rng_state, restore_rng_state
 from ember.train.checkpoint.base import Checkpointer
 from ember.train.checkpoint.resume import Resume, resume_point
+from ember.train.checkpoint.shards import load_whole
 from ember.train.checkpoint.strategy import CheckpointingStrategy, apply_retention
 from ember.train.history import RunHistory
 from ember.train.length.position import Position
@@ -308,23 +309,16 @@ class CheckpointPolicy:
     ) -> None:
         """Load the model (and the optimizer, if given) of `epoch`; a sharded model has
         them read on rank 0 and sent to every rank's shards. A checkpoint written in
-        `shards` by that many processes loads each rank's own shards."""
+        `shards` by that many processes is read from their files, by any number of
+        processes: each reads the rows it holds (all of them for a whole model)."""
         checkpointer = self.checkpointer
         assert checkpointer is not None
         sharding = getattr(dist, "sharding", None)
-        if shards is not None:
-            world = dist.world if dist is not None else 1
-            if sharding is None or world != shards:
-                how = "FSDP" if sharding is not None else "DDP" if dist is not None else "one"
-                raise TrainingError(
-                    f"The checkpoint of epoch {epoch} was written in shards by {shards} FSDP "
-                    f"processes (sharded_checkpoints=True), and this run has {world} "
-                    f"({how}{' process' if how == 'one' else ''}): it resumes only on "
-                    f"{shards} processes with devices(..., strategy='fsdp'). Resume with "
-                    f"{shards} processes, or from a checkpoint written without "
-                    "sharded_checkpoints."
-                )
-            sharding.load_shards(checkpointer, epoch, with_optimizer=optimizer is not None)
+        if shards is not None:  # each process reads the rows it needs from the shards
+            if sharding is not None:
+                sharding.load_shards(checkpointer, epoch, with_optimizer=optimizer is not None)
+            else:
+                load_whole(checkpointer, epoch, model, optimizer)
             return
         if sharding is not None:
             read = lambda epoch, part: checkpointer.load(epoch, part, None)

@@ -17,7 +17,7 @@ import torch
 from ember.data.device import to_device
 from ember.errors import TrainingError
 from ember.rng import capture_rng_state, restore_rng_state
-from ember.train.length.batches import batch_size
+from ember.train.length.batches import StandIn, batch_size
 from ember.train.processor import MetricsProcessor
 from ember.train.step import call_step, start_split
 
@@ -71,15 +71,20 @@ def run_pass(
     stop: Callable[[], bool] | None = None,
 ) -> Pass:
     """Run `step` on every batch (moved to `device`) and update the metrics with its
-    output; `check`: the first output is checked against the metrics first (with
+    output (a stand-in's is not counted); `check`: the first output is checked against the metrics first (with
     `only_check`, that is all: one batch, no update); `each` is told of every batch
     (its number and output); `stop` is asked after each."""
     move = device.type != "cpu"
     seen = Pass()
     for iteration, batch in enumerate(batches, start=1):
+        stand_in = type(batch) is StandIn  # only to join the others' gathers (FSDP)
+        if stand_in:
+            batch = batch.batch
         if move:
             batch = to_device(batch, device)
         item = call_step(step, batch, step_name, epoch, iteration)
+        if stand_in:
+            continue
         if check and iteration == 1:
             processor.check(split, item, epoch)
             if only_check:

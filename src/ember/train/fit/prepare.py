@@ -56,11 +56,12 @@ def prepare(
     resume = kit.checkpoints.resume_point()
     shard = (dist.rank, dist.world) if dist is not None else None
     train_limit, valid_limit = options.limit_batches
-    train_plan = BatchPlanner(train, options.grads_accumulation, shard, train_limit)
+    stand_ins = options.fsdp is not None  # every forward gathers from every process
+    train_plan = BatchPlanner(train, options.grads_accumulation, shard, train_limit, stand_ins)
     train_plan.check_limit("training", "train")
     valid_plan = None
     if valid is not None:
-        valid_plan = BatchPlanner(valid, 1, shard, valid_limit)
+        valid_plan = BatchPlanner(valid, 1, shard, valid_limit, stand_ins)
         valid_plan.check_limit("validation", "valid")
     kit.length.counters = resume.position.counters
     notes = [*optim.notes, *count_steps(kit, state, train_plan, resume.position)]
@@ -69,7 +70,7 @@ def prepare(
     )
     wrapped = ranks = None
     if dist is not None:  # the model as the processes share it, before it is restored
-        wrapped = parallelize(model, optim.optimizer, dist, options.fsdp)
+        wrapped = parallelize(model, optim.optimizer, dist, options.fsdp, options.sync_batchnorm)
         if optim.micro_split is not None:  # grads_accumulation("auto")
             ranks = RankSplit(dist, model)
     notes += [*resume.notes, *kit.checkpoints.restore(resume, model, optim, dist)]
@@ -235,15 +236,22 @@ def make_loggers(kit: Lasting, main: bool) -> dict[str, list[MetricLogger]]:
 
 
 def prepare_processes(parts: FitParts, dist: Distributed) -> None:
-    """Several processes: check that the loaders shard exactly (and evenly under
-    FSDP), warn about metrics that see one process's data."""
-    train, valid = parts.train, parts.valid
-    train.check_shardable("training")
-    if valid is not None:
-        valid.check_shardable("validation")
+    """Several processes: check that the loaders shard exactly (evenly under
+    sync_batchnorm(), with a batch for every process under FSDP), warn about metrics
+    that see one process's data."""
+    plans = {"training": parts.train, "validation": parts.valid}
+    for name, plan in plans.items():
+        if plan is None:
+            continue
+        plan.check_shardable(name)
+        if parts.options.sync_batchnorm and plan is parts.train:  # each forward shares them
+            plan.check_even(
+                name,
+                "sync_batchnorm()",
+                "Build the loader with drop_last=True, or choose a batch size or a number of "
+                "processes that gives every process as many batches.",
+            )
+        if plan.stand_ins:
+            plan.check_stand_ins(name)
     exchange.warn_unmerged(parts.processor.states)
-    if parts.options.fsdp is not None:
-        train.check_even("training")
-        if valid is not None:
-            valid.check_even("validation")
     dist.barrier()  # rank 0 has prepared the artifact directory

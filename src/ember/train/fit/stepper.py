@@ -25,7 +25,7 @@ from ember.errors import TrainingError
 from ember.train.events import ProcessedItem
 from ember.train.fit.parts import FitParts
 from ember.train.fit.state import FitState
-from ember.train.length.batches import Step
+from ember.train.length.batches import StandIn, Step
 from ember.train.oom import run_split, run_split_ranks
 from ember.train.output import loss_weight, summed_loss_hint
 from ember.train.parallel import no_sync
@@ -149,6 +149,9 @@ class Stepper:
         if counts_tokens:
             length.start_step()
         for index, batch in enumerate(step.batches):
+            stand_in = type(batch) is StandIn  # only to join the others' collectives
+            if stand_in:
+                batch = batch.batch
             iteration = step.first + (index if origins is None else origins[index])
             state.iteration = iteration
             state.items += step.items[index]
@@ -179,6 +182,8 @@ class Stepper:
                 optim.rescale(tokens, parts.dist)  # by the group's tokens on every process
             if index == last and finite and optim.callbacks is not None:
                 optim.prepare()
+            if stand_in:
+                continue
             if counts_tokens:
                 length.count_batch(told, output, iteration)
             if ok:  # a skipped non-finite batch stays out of the epoch's metrics
@@ -207,7 +212,7 @@ class Stepper:
         guard = parts.guard
         ok = guard.covered or guard.check(output.loss, epoch, iteration)
         parts.events.output(output)
-        if state.token_mean:
+        if state.token_mean and share:  # (a stand-in's share is 0: it weighs nothing)
             share = token_weight(output.item, iteration)
         optim.backward(output.loss, share)
         if iteration == self.check:

@@ -48,6 +48,7 @@ class Step(NamedTuple):
     tuple: one is made per optimizer step, so it must be cheap."""
 
     batches: list[Any]
+    """The batches; a process with fewer than the others may end with `StandIn`s."""
     first: int
     """The iteration number of the first batch (1-based, counted over the epoch)."""
     sizes: list[int]
@@ -60,6 +61,15 @@ class Step(NamedTuple):
     """Every process has this step's batches: a stop can be agreed on after it."""
     origins: list[int] | None = None
     """Micro-batches (`grads_accumulation("auto")`): the index of each one's batch."""
+
+
+class StandIn(NamedTuple):
+    """A batch a process runs only to take part in the others' collectives, when it has
+    fewer batches than they have (under FSDP every forward gathers parameters from
+    every process): a batch of its own again, whose loss weighs nothing and whose
+    outputs are not counted."""
+
+    batch: Any
 
 
 class ShardPlan:
@@ -105,6 +115,7 @@ class EpochPlan:
         shards: ShardPlan | None,
         world: int,
         limit: int | None = None,
+        longest: int | None = None,
     ) -> None:
         self.loader = loader
         self.accumulation = accumulation
@@ -115,15 +126,36 @@ class EpochPlan:
         self._shards = shards
         self._world = world
         self._limit = limit
+        self._longest = longest
+        """Batches (from the start) of the process with the most: this one's are padded
+        with stand-ins up to them (FSDP); None: no padding."""
 
     def batches(self) -> Iterator[Any]:
-        """The epoch's batches from where a resumed run stands, up to the batch limit."""
+        """The epoch's batches from where a resumed run stands, up to the batch limit
+        (then stand-ins, up to the batches of the process with the most)."""
         batches = iter(self.loader)
         for _ in itertools.islice(batches, self._drop):
             pass  # a resumed run whose sampler cannot skip: read and drop
         if self._limit is not None:
-            return itertools.islice(batches, max(0, self._limit - self.start.iteration))
+            batches = itertools.islice(batches, max(0, self._limit - self.start.iteration))
+        if self._longest is not None:
+            return self._padded(batches, self._longest)
         return batches
+
+    def _padded(self, batches: Iterator[Any], longest: int) -> Iterator[Any]:
+        count, batch = 0, None
+        for batch in batches:
+            count += 1
+            yield batch
+        if count == 0 < longest:
+            raise TrainingError(
+                f"In epoch {self.start.epoch} this process has no batch of its own left "
+                f"(after iteration {self.start.iteration}), while another has "
+                f"{longest}: it has none to run as a stand-in for them. Resume on fewer "
+                "processes, or from a checkpoint at an epoch's end."
+            )
+        for _ in range(longest - count):
+            yield StandIn(batch)
 
     def __iter__(self) -> Iterator[Step]:
         batches = self.batches()
@@ -140,11 +172,16 @@ class EpochPlan:
                 sizes = [size]  # the samples of the batch, and of the step's count
                 yield tuple.__new__(Step, ([batch], first + done, sizes, shares, sizes, True, None))
             return
+        # with stand-ins, a stop is agreed on only while every process has a batch of its
+        # own after it, which a run resumed there repeats as its stand-in
+        votes = 0 if shards is None else shards.min_batches
+        if shards is not None and self._longest is not None and votes < self._longest:
+            votes -= 1
         while True:
             group = list(itertools.islice(batches, self.accumulation))
             if not group:
                 return
-            sizes = [batch_size(batch) for batch in group]
+            sizes = [0 if type(batch) is StandIn else batch_size(batch) for batch in group]
             if shards is None:
                 total = sum(sizes) or len(group)
                 items = sizes
@@ -152,8 +189,11 @@ class EpochPlan:
             else:
                 total = shards.global_items(done, len(group))
                 items = [shards.global_items(done + index) for index in range(len(group))]
-                may_vote = done + self.accumulation <= shards.min_batches
-            shares = [(size or 1) * world / total for size in sizes]
+                may_vote = done + self.accumulation <= votes
+            shares = [
+                0.0 if type(batch) is StandIn else (size or 1) * world / total
+                for batch, size in zip(group, sizes)
+            ]
             yield Step(group, self.start.iteration + done + 1, sizes, shares, items, may_vote)
             done += len(group)
 
@@ -168,10 +208,14 @@ class BatchPlanner:
         accumulation: int = 1,
         shard: tuple[int, int] | None = None,
         limit: int | float | None = None,
+        stand_ins: bool = False,
     ) -> None:
         self.loader = loader
         self.accumulation = accumulation
         self.shard = shard
+        self.stand_ins = stand_ins
+        """Several processes: one with fewer batches runs stand-ins (`StandIn`) up to
+        the others' count (FSDP, whose every forward needs every process)."""
         self.sampler = find_sampler(loader)
         self.limit = limit
         """At most this many batches per epoch (an int), or this fraction of the
@@ -212,18 +256,29 @@ class BatchPlanner:
                 "exact share of every epoch (no sample dropped or counted twice)."
             )
 
-    def check_even(self, name: str) -> None:
-        """Under FSDP every process runs the same number of batches: each forward
-        gathers the parameters from all of them."""
+    def check_even(self, name: str, why: str, fix: str) -> None:
+        """Every process runs the same number of batches (`why` says what needs it)."""
         counts = self._batch_counts()
         if counts is not None and len(set(counts)) > 1:
             loader: Any = self.loader
             raise TrainingError(
                 f"The {name} data loader gives the {len(counts)} processes {min(counts)} or "
                 f"{max(counts)} batches per epoch ({len(loader.dataset)} samples, batch size "
-                f"{loader.batch_size}); FSDP needs the same number on every process. Build "
-                "the loader with drop_last=True, or choose a batch size or a number of "
-                "processes that gives every process as many batches."
+                f"{loader.batch_size}); {why} needs the same number on every process. {fix}"
+            )
+
+    def check_stand_ins(self, name: str) -> None:
+        """With stand-ins, every process needs a batch of its own to repeat."""
+        counts = self._batch_counts()
+        if counts is not None and min(counts) == 0 < max(counts):
+            loader: Any = self.loader
+            raise TrainingError(
+                f"The {name} data loader gives {counts.count(0)} of the {len(counts)} processes "
+                f"no batch ({len(loader.dataset)} samples, batch size {loader.batch_size}"
+                f"{', drop_last' if loader.drop_last else ''}); under FSDP a process with "
+                "fewer batches runs stand-ins for the others' (a batch of its own again, "
+                "weighing nothing), so each needs one. Use fewer processes, a smaller batch "
+                "size, or more data."
             )
 
     def _batch_counts(self) -> list[int] | None:
@@ -317,9 +372,16 @@ class BatchPlanner:
             )
             if limit is not None:
                 shards.min_batches = min(shards.min_batches, limit - start.iteration)
+        longest = None
+        if shards is not None and self.stand_ins:
+            longest = max(shards.batches(length) for length in shards.lengths)
+            if limit is not None:
+                longest = min(longest, limit - start.iteration)
         world = self.shard[1] if self.shard is not None else 1
         drop = 0 if skipped else start.iteration
-        return EpochPlan(self.loader, self.accumulation, start, total, drop, shards, world, limit)
+        return EpochPlan(
+            self.loader, self.accumulation, start, total, drop, shards, world, limit, longest
+        )
 
 
 def _sized(value: Any) -> int | None:

@@ -26,7 +26,7 @@ __all__ = [
     "parallelize",
 ]
 
-STRATEGIES = ("ddp", "fsdp")
+STRATEGIES = ("ddp", "fsdp", "hsdp")
 
 
 def choose(strategy: Any, options: dict[str, Any], world: int) -> FsdpOptions | None:
@@ -39,25 +39,34 @@ def choose(strategy: Any, options: dict[str, Any], world: int) -> FsdpOptions | 
                 f"FsdpOptions; got {', '.join(options)} as keywords too. Give them in one place."
             )
         fsdp: FsdpOptions | None = strategy
-    elif strategy == "fsdp":
-        fsdp = FsdpOptions.from_keywords(options)
+    elif strategy in ("fsdp", "hsdp"):
+        fsdp = FsdpOptions.from_keywords(options, strategy)
     elif strategy == "ddp":
         if options:
             raise ConfigError(
                 f"devices() got {', '.join(sorted(options))}, which are options of the FSDP "
-                "strategy: add strategy='fsdp' (DDP has no options)."
+                "strategy: add strategy='fsdp' or 'hsdp' (DDP has no options)."
             )
         fsdp = None
     else:
         raise ConfigError(
-            f"devices(strategy=...) takes 'ddp' (a whole copy of the model per process) or "
-            f"'fsdp' (each process holds a shard), got {strategy!r}."
+            f"devices(strategy=...) takes 'ddp' (a whole copy of the model per process), "
+            f"'fsdp' (each process holds a shard) or 'hsdp' (shards within groups of "
+            f"processes, a copy per group), got {strategy!r}."
         )
-    if fsdp is not None and world < 2:
+    if fsdp is None:
+        return None
+    named = fsdp.name.lower()
+    if world < 2:
         raise ConfigError(
-            "devices(strategy='fsdp') shards the model over several processes, but this run "
-            "has one. List several devices (e.g. devices(['cuda:0', 'cuda:1'], "
-            "strategy='fsdp')), launch with torchrun, or drop strategy='fsdp'."
+            f"devices(strategy='{named}') shards the model over several processes, but this "
+            f"run has one. List several devices (e.g. devices(['cuda:0', 'cuda:1'], "
+            f"strategy='{named}')), launch with torchrun, or drop strategy='{named}'."
+        )
+    if fsdp.shard_size is not None and world % fsdp.shard_size:
+        raise ConfigError(
+            f"shard_size={fsdp.shard_size} does not divide the {world} processes into shard "
+            "groups: choose a shard_size that divides the number of processes."
         )
     return fsdp
 
@@ -67,16 +76,22 @@ def parallelize(
     optimizer: torch.optim.Optimizer,
     context: Distributed,
     fsdp: FsdpOptions | None,
+    share_batchnorm: bool = False,
 ) -> Any:
     """The model as the processes share it: called with a batch it runs `train_step`;
-    `no_sync()` and `join()` are the contexts the loop needs."""
+    `no_sync()` and `join()` are the contexts the loop needs. `share_batchnorm`
+    (`sync_batchnorm()`): SyncBatchNorm on GPUs, rank 0's buffers after each training
+    forward on the CPU."""
+    from ember.train.parallel.batchnorm import sync_batchnorm
+
+    broadcast = share_batchnorm and not sync_batchnorm(model, context.device)
     if fsdp is not None:
         from ember.train.parallel.fsdp import FsdpParallel
 
-        return FsdpParallel(model, optimizer, context, fsdp)
+        return FsdpParallel(model, optimizer, context, fsdp, broadcast)
     from ember.train.parallel.ddp import DdpParallel
 
-    return DdpParallel(model, context)
+    return DdpParallel(model, context, broadcast)
 
 
 _NULL = contextlib.nullcontext()

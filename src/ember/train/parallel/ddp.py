@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ember.train.distributed import name_wait
+from ember.train.parallel.batchnorm import broadcast_buffers
 
 if TYPE_CHECKING:
     from ember.train.distributed import Distributed
@@ -18,13 +19,18 @@ class StepRouter(nn.Module):
     even though the loop calls a step method rather than `forward`. Each finished step
     counts as progress for the hang detection."""
 
-    def __init__(self, module: nn.Module, context: Distributed | None = None) -> None:
+    def __init__(
+        self, module: nn.Module, context: Distributed | None = None, broadcast: bool = False
+    ) -> None:
         super().__init__()
         self.module = module
         self._context = context
+        self._broadcast = broadcast
 
     def forward(self, batch: Any) -> Any:
         output = self.module.train_step(batch)  # type: ignore[operator]
+        if self._broadcast:  # sync_batchnorm() on the CPU: rank 0's running statistics
+            broadcast_buffers(self.module)
         if self._context is not None:
             self._context.progress += 1
         return output
@@ -33,11 +39,11 @@ class StepRouter(nn.Module):
 class DdpParallel:
     """The model behind DDP, with `train_step` as its forward."""
 
-    def __init__(self, model: nn.Module, context: Distributed) -> None:
+    def __init__(self, model: nn.Module, context: Distributed, broadcast: bool = False) -> None:
         ids = [context.device] if context.device.type == "cuda" else None
         context.progress += 1
         self.module = nn.parallel.DistributedDataParallel(
-            StepRouter(model, context), device_ids=ids
+            StepRouter(model, context, broadcast), device_ids=ids
         )
         context.progress += 1
 

@@ -8,7 +8,8 @@ plain module, and resumes with any number of processes under either strategy; ra
 reads it and broadcasts it to the others' shards.
 
 With `FsdpOptions(sharded_checkpoints=True)`, each process writes its own shards
-instead and rank 0 an index; such a checkpoint resumes on as many processes, under FSDP.
+instead and rank 0 an index of the rows each file holds (`checkpoint/shards.py`); such
+a checkpoint resumes on any number of processes: each reads the rows it needs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from ember.errors import TrainingError
+from ember.train.checkpoint.shards import ShardIndex, index_record
 
 
 class Held:
@@ -48,6 +50,8 @@ class Sharding:
         self.context = context
         self.per_rank = per_rank
         """Checkpoints are written in shards, one file per process and part."""
+        self.notes: list[str] = []
+        """How the units were chosen around tied parameters, for the run's description."""
 
     def states(self, checkpointer: Any, epoch: int) -> tuple[Held, Held, int | None]:
         """What rank 0 writes as the model and optimizer parts of the checkpoint of
@@ -61,59 +65,67 @@ class Sharding:
         return (*self.write_shards(checkpointer, epoch), self.context.world)
 
     def write_shards(self, checkpointer: Any, epoch: int) -> tuple[Held, Held]:
-        """Every rank writes its shards of the model and optimizer states of `epoch` now;
+        """Every rank writes its shards of the model and optimizer states of `epoch` now
+        (under HSDP, the ranks of the first replica: the others hold the same shards);
         returns the index that rank 0 writes as each part (rank 0 removes the
         checkpoint's last part first, so it is incomplete until rank 0 rewrites it)."""
         from ember.train.checkpoint.writer import Snapshots
 
         context = self.context
-        if context.main:
+        if context.main:  # shards of this epoch written before, by as many processes or more
             checkpointer.wait()
+            checkpointer.drop_shards(epoch)
             checkpointer.path("scheduler", epoch).unlink(missing_ok=True)
         context.barrier()
-        model = {key: _local(value) for key, value in self.model.state_dict().items()}
-        optimizer = self.optimizer.state_dict()
-        optimizer["state"] = {
-            key: {name: _local(value) for name, value in values.items()}
-            for key, values in optimizer["state"].items()
+        model_state, optim_state = self.model.state_dict(), self.optimizer.state_dict()
+        states = optim_state["state"]
+        split = {  # the values split between the processes: each one's shape and rows here
+            "model": _split(((key,), value) for key, value in model_state.items()),
+            "optim": _split(
+                (("state", key, name), value)
+                for key, values in states.items()
+                for name, value in values.items()
+            ),
         }
+        writes = _first_replica(model_state.values())
         context.progress += 1
-        snapshots = Snapshots()
-        shard = {
-            "model": snapshots.take("model", model),
-            "optim": snapshots.take("optim", optimizer),
+        if writes:
+            snapshots = Snapshots()
+            model = {key: _local(value) for key, value in model_state.items()}
+            optimizer = {
+                **optim_state,
+                "state": {
+                    key: {name: _local(value) for name, value in values.items()}
+                    for key, values in states.items()
+                },
+            }
+            shard = {
+                "model": snapshots.take("model", model),
+                "optim": snapshots.take("optim", optimizer),
+            }
+            snapshots.wait()
+            checkpointer.save_shard(epoch, context.rank, shard)
+        context.progress += 1
+        every = context.all_gather((writes, split))  # every shard is on disk after this
+        files = [rank for rank, (wrote, _) in enumerate(every) if wrote]
+        parts = {
+            part: [
+                [list(path), list(shape), [list(every[rank][1][part][path][1]) for rank in files]]
+                for path, (shape, _) in entries.items()
+            ]
+            for part, entries in split.items()
         }
-        snapshots.wait()
-        checkpointer.save_shard(epoch, context.rank, shard)
-        context.progress += 1
-        shapes = {key: list(value.shape) for key, value in self.model.state_dict().items()}
-        index = {SHARDED: {"processes": context.world, "shapes": shapes}}
+        index = index_record(context.world, files, parts)
         return Held(index), Held(index)
 
     def load_shards(self, checkpointer: Any, epoch: int, with_optimizer: bool = True) -> None:
-        """Every rank loads its own shards of the checkpoint of `epoch`, written by as
-        many processes."""
+        """Every rank reads the rows of its shards of the checkpoint of `epoch`, written in
+        shards by any number of processes, from the files that hold them."""
         context, problem = self.context, None
         try:
-            saved = checkpointer.load_shard(epoch, "model", context.rank)
-            optim = (
-                checkpointer.load_shard(epoch, "optim", context.rank) if with_optimizer else None
-            )
-            with torch.no_grad():
-                for key, value in self.model.state_dict().items():
-                    local, stored = _local(value), saved.get(key)
-                    if not isinstance(stored, torch.Tensor) or stored.shape != local.shape:
-                        raise TrainingError(f"the shard of {key!r} does not fit this model")
-                    local.copy_(stored)
-            if optim is not None:
-                params = [p for group in self.optimizer.param_groups for p in group["params"]]
-                optim["state"] = {
-                    int(key): {
-                        name: _shard_of(value, params[int(key)]) for name, value in v.items()
-                    }
-                    for key, v in optim["state"].items()
-                }
-                self.optimizer.load_state_dict(optim)
+            self._load_model_shards(ShardIndex(checkpointer, epoch, "model"))
+            if with_optimizer:
+                self._load_optimizer_shards(ShardIndex(checkpointer, epoch, "optim"))
         except Exception as error:
             problem = f"rank {context.rank}: {type(error).__name__}: {error}"
         problems = [p for p in context.all_gather(problem) if p is not None]
@@ -121,6 +133,51 @@ class Sharding:
             raise TrainingError(
                 f"The sharded checkpoint of epoch {epoch} cannot be loaded: {problems[0]}"
             )
+
+    def _load_model_shards(self, index: ShardIndex) -> None:
+        state = self.model.state_dict()
+
+        def wanted(path: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[int, int] | None:
+            value = state.get(path[0])
+            if value is None:
+                raise TrainingError(f"unexpected key {path[0]!r} (this model has none)")
+            if tuple(value.shape) != shape:
+                raise TrainingError(
+                    f"shape mismatch for {path[0]!r}: the checkpoint has {shape}, the model "
+                    f"has {tuple(value.shape)}"
+                )
+            return _rows(value)
+
+        saved = index.read(wanted)
+        problems = [f"missing key {key!r}" for key in state if key not in saved]
+        problems += [f"unexpected key {key!r}" for key in saved if key not in state]
+        if problems:
+            raise TrainingError("; ".join(problems[:10]))
+        with torch.no_grad():
+            for key, value in state.items():
+                local, stored = _local(value), saved[key]
+                if not isinstance(stored, torch.Tensor) or stored.shape != local.shape:
+                    raise TrainingError(f"the shard of {key!r} does not fit this model")
+                local.copy_(stored)
+
+    def _load_optimizer_shards(self, index: ShardIndex) -> None:
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+
+        def wanted(path: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[int, int] | None:
+            param = params[int(path[1])] if int(path[1]) < len(params) else None
+            if param is None or tuple(param.shape) != shape:
+                raise TrainingError(
+                    f"the optimizer state {'/'.join(map(str, path[1:]))} does not fit the "
+                    "parameters of this run's optimizer"
+                )
+            return _rows(param)
+
+        optim = index.read(wanted)
+        optim["state"] = {
+            int(key): {name: _shard_of(value, params[int(key)]) for name, value in v.items()}
+            for key, v in optim["state"].items()
+        }
+        self.optimizer.load_state_dict(optim)
 
     def gathered(self) -> tuple[Held, Held]:
         """The whole model and optimizer states, on the CPU of rank 0 (empty elsewhere)."""
@@ -177,15 +234,65 @@ class Sharding:
         context.progress += 1
 
 
-SHARDED = "ember.sharded_checkpoint"
-"""The key of the index that stands for the model and optimizer parts of a checkpoint
-written in shards (`FsdpOptions(sharded_checkpoints=True)`)."""
-
-
 def _local(tensor: Any) -> Any:
     """This process's shard of a sharded tensor (a DTensor); any other value as it is."""
     to_local = getattr(tensor, "to_local", None)
     return to_local() if callable(to_local) else tensor
+
+
+def _rows(tensor: Any) -> tuple[int, int] | None:
+    """The rows (first dimension) of the whole tensor that this process's shard of a
+    sharded tensor holds; None for a tensor that is not split (a plain tensor, or one
+    replicated on every process). FSDP splits the first dimension in equal chunks (the
+    last ones shorter or empty), as `torch.chunk` does."""
+    placements = getattr(tensor, "placements", None)
+    if placements is None:
+        return None
+    split = [(dim, placement) for dim, placement in enumerate(placements) if placement.is_shard()]
+    if not split:
+        return None
+    if len(split) > 1 or getattr(split[0][1], "dim", None) != 0:
+        raise TrainingError(
+            f"a tensor sharded as {placements} cannot be written in shards: ember's sharded "
+            "checkpoints split the first dimension over one dimension of the device mesh"
+        )
+    mesh, dim = tensor.device_mesh, split[0][0]
+    count, size = tensor.shape[0], mesh.size(dim)
+    chunk = -(-count // size)
+    start = min(mesh.get_local_rank(dim) * chunk, count)
+    stop = min(start + chunk, count)
+    if tensor.to_local().shape[0] != stop - start:
+        raise TrainingError(
+            f"the shard of a tensor of {count} rows holds {tensor.to_local().shape[0]} rows, "
+            f"not rows {start} to {stop} as chunks over {size} processes would"
+        )
+    return start, stop
+
+
+def _split(values: Any) -> dict[tuple[Any, ...], tuple[list[int], tuple[int, int]]]:
+    """Of `(path, value)` pairs, the values split between the processes: each one's
+    whole shape and the rows this process holds."""
+    split = {}
+    for path, value in values:
+        rows = _rows(value)
+        if rows is not None:
+            split[path] = (list(value.shape), rows)
+    return split
+
+
+def _first_replica(values: Any) -> bool:
+    """Whether this process is in the first replica of the sharded tensors (all of them
+    under FSDP; under HSDP, the first group of processes that shard one copy)."""
+    for value in values:
+        placements = getattr(value, "placements", None)
+        if placements is not None:
+            mesh = value.device_mesh
+            return all(
+                mesh.get_local_rank(dim) == 0
+                for dim, placement in enumerate(placements)
+                if placement.is_replicate()
+            )
+    return True
 
 
 def _shard_of(value: Any, param: Any) -> Any:
