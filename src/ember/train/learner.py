@@ -278,6 +278,8 @@ class Learner:
                 if options.cadence is not None:
                     options.cadence.start()  # max_time counts from here
                 start(parts, state, notes, valid)
+                if notices is not None:
+                    notices.ready()
                 parts.events.hook("on_fit_start", parts.resume.position.epoch)
                 reason = TrainLoop(parts, state).run()
                 parts.events.hook("on_fit_end", state.epoch)
@@ -312,6 +314,8 @@ class Learner:
         finally:
             if recording is not None:
                 stop_memory_history()
+            if notices is not None:
+                notices.ready()  # before the renderer's last line
             close(parts, state, reason)
             if notices is not None:
                 notices.uninstall()

@@ -25,6 +25,10 @@ class ConsoleNotices(logging.Handler):
         super().__init__(logging.WARNING)
         self.renderer = renderer
         self.shown: set[str] = set()
+        self.pending: list[str] | None = []
+        """Warnings logged before the renderer started, shown right after its first
+        lines (`ready`), so that they follow the run's heading instead of preceding it
+        (or being cleared with the screen a dashboard takes)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -36,6 +40,12 @@ class ConsoleNotices(logging.Handler):
         if getattr(record, "ember_console", True) is False:  # shown by its own code
             return
         self.shown.add(text)
+        if self.pending is not None:
+            self.pending.append(text)
+            return
+        self.show(text)
+
+    def show(self, text: str) -> None:
         notice = getattr(self.renderer, "notice", None)
         try:
             if callable(notice):
@@ -45,9 +55,17 @@ class ConsoleNotices(logging.Handler):
         except Exception:  # showing a warning never ends a run
             pass
 
+    def ready(self) -> None:
+        """The renderer has started: show what waited for it, and the rest at once."""
+        pending, self.pending = self.pending or [], None
+        for text in pending:
+            self.show(text)
+
     def install(self) -> ConsoleNotices:
         logging.getLogger(LOGGER_NAME).addHandler(self)
         return self
 
     def uninstall(self) -> None:
+        """Stop showing warnings; any still waiting for the renderer are shown now."""
         logging.getLogger(LOGGER_NAME).removeHandler(self)
+        self.ready()
