@@ -78,8 +78,6 @@ class Snapshot:
     """Every validation metric's value at `valid_at`, by name."""
     finished: dict[str, int] = field(default_factory=dict)
     """The latest epoch each split finished."""
-    speeds: dict[str, float] = field(default_factory=dict)
-    """Items per second of each split, as of its latest progress."""
 
 
 EVALUATION_COLUMNS = (("test", "last"), ("test", "epoch"))
@@ -207,8 +205,6 @@ class RunTracker:
         epochs, {metric: value}); at most about `VALIDATIONS_KEPT`, older ones thinned."""
         self.finished: dict[str, int] = {}
         """The latest epoch each split finished."""
-        self.speeds: dict[str, float] = {}
-        """Items per second of each split, as of its latest progress."""
         self._train_length: tuple[int, int | None] = (0, None)
         """(epoch, its training batches) as the latest training progress told."""
 
@@ -236,9 +232,7 @@ class RunTracker:
             self._append(progress, records)
 
     def _note(self, progress: Progress) -> None:
-        """Keep the split's speed, and the training epoch's length (to place points)."""
-        if progress.elapsed > 0 and progress.items:
-            self.speeds[progress.split] = progress.items_per_second
+        """Keep the training epoch's length (to place the validation points)."""
         if progress.split == "train":
             self._train_length = (progress.epoch, progress.num_iterations)
 
@@ -440,5 +434,4 @@ class RunTracker:
             valid_at=self.valid_at,
             valid_values=dict(self.validations[-1][3]) if self.validations else {},
             finished=dict(self.finished),
-            speeds=dict(self.speeds),
         )
