@@ -176,26 +176,31 @@ def gradient_descent(model, batches, lr, steps):
     return first, loss.item()
 
 
-def find(tmp_path, model, batches, seed=0):
+def find(tmp_path, make_model, batches, seed=0):
+    """The range test with SGD and its default rates (1e-7 to 10 in 100 steps) of the
+    model `make_model()` makes after seeding with `seed`."""
     torch.manual_seed(seed)
     subject = (
         LearnerBuilder(tmp_path / "find")
         .renderer(PlainRenderer(interval=3600))
-        .build(model, SgdConfig().init(), 0.01)
+        .build(make_model(), SgdConfig().init(), 0.01)
     )
-    return subject.lr_find(batches)  # the defaults: 1e-7 to 10 in 100 steps
+    return subject.lr_find(batches)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
 def test_on_least_squares_the_suggestion_is_within_2x_below_the_largest_stable_rate(
-    tmp_path, one_thread
+    tmp_path, one_thread, seed
 ):
     """The Hessian is known: gradient descent is stable below 2 / its largest eigenvalue
     (0.125). The suggestion lies in [0.0625, 0.125], and full-batch gradient descent at
-    it converges, where at twice the largest stable rate it diverges."""
-    batches, top, (x, y) = least_squares()
+    it converges, where at twice the largest stable rate it diverges. (The rule before,
+    the steepest fall of the smoothed loss, suggested 0.25 to 0.36 of the stable rate on
+    these three problems.)"""
+    batches, top, (x, y) = least_squares(seed)
     stable = 2 / top
     assert stable == pytest.approx(0.125, rel=1e-4)
-    result = find(tmp_path, NoBias(), batches)
+    result = find(tmp_path, NoBias, batches, seed)
     assert stable / 2 <= result.suggestion <= stable, (result.suggestion, stable)
     whole = [(x, y)]
     torch.manual_seed(1)
@@ -227,21 +232,23 @@ def wave(seed=1):
     return [(x[i : i + 64], y[i : i + 64]) for i in range(0, 2048, 64)]
 
 
+@pytest.mark.parametrize("seed", [0, 1])
 def test_on_a_small_mlp_the_suggestion_is_within_2x_below_the_largest_stable_rate(
-    tmp_path, one_thread
+    tmp_path, one_thread, seed
 ):
     """The stable range established by training: 200 SGD steps at rates 1.25x apart,
-    stable while the loss stays finite and ends below where it began."""
+    stable while the loss stays finite and ends below where it began. (The rule before
+    suggested 1.2e-7 for the second model.)"""
     batches = wave()
     stable = None
     for k in range(40):
         lr = 0.05 * 1.25**k
-        start, end = gradient_descent(Mlp(), batches, lr, 200)
+        start, end = gradient_descent(Mlp(seed), batches, lr, 200)
         if not end < start:
             break
         stable = lr
     assert stable is not None and 0.2 < stable < 2.0, stable
-    result = find(tmp_path, Mlp(), batches)
+    result = find(tmp_path, lambda: Mlp(seed), batches, seed)
     assert stable / 2 <= result.suggestion <= stable, (result.suggestion, stable)
 
 
