@@ -19,6 +19,7 @@ from ember.train import LearnerBuilder
 from ember.train.files.lock import RunLock
 from ember.train.history import RunHistory
 from ember.train.metric import AccuracyMetric, LossMetric
+from ember.train.renderer.format import significant
 
 
 def train(directory, quiet, loaders, lr, epochs=3, stop=None):
@@ -101,7 +102,7 @@ def test_compare_rows_match_the_histories_and_charts_are_written(runs, capsys):
         "lr",
     ]
     best, epoch, final = reference(runs / "fast")[("valid", "Loss")]
-    assert f"{best:.6g} @{epoch}" in fast and f"{final:.6g}" in fast
+    assert f"{significant(best)} @{epoch}" in fast and f"{significant(final)}" in fast
     assert fast.split("|")[5].strip() == "0.03" and slow.split("|")[5].strip() == "0.001"
     charts = sorted(output.glob("*.png"))
     assert [p.name for p in charts] == ["Accuracy.png", "Loss.png"]

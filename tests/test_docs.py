@@ -16,6 +16,10 @@ Rules, so the docs cannot drift from the code:
 - Nothing is set up for any page: each one runs as a reader would copy it (README's
   quick start reads the MNIST cache that `make test` fills). `SETUP` may give a page
   code to run before its first block.
+- Every page runs twice in a row, in the same working directory, the second time in
+  a fresh namespace: as a reader who runs the example again. A snippet that leaves
+  something behind that stops its second run (a run directory without
+  `overwrite=True`, a file it refuses to replace) fails.
 
 All pages run in one subprocess (torch is imported once), so a page cannot disturb
 the test process (signal handlers, sys.path, logging). `python tests/test_docs.py
@@ -118,60 +122,82 @@ def _expand(code: str) -> str:
     return "\n".join(replace(line) for line in code.splitlines()) + "\n"
 
 
-def run_page(page: Path, echo: bool = False) -> dict:
-    """Execute the runnable blocks of `page` in order; report counts and the first error."""
+RUNS = 2
+"""How many times in a row each page runs in its working directory."""
+
+
+def run_page(page: Path, echo: bool = False, runs: int = RUNS) -> dict:
+    """Execute the runnable blocks of `page` in order, `runs` times in a row in one
+    working directory (each time in a fresh namespace); report the blocks run (of the
+    first time), those not run, and the first error."""
     text = page.read_text(encoding="utf-8")
     found = [b for b in blocks(text) if b.is_python]
     report = {"run": 0, "not_run": sum(not b.runs for b in found), "error": None, "seconds": 0.0}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ember-docs-") as workdir:
+        for time_run in range(1, runs + 1):
+            ran, error = _run_blocks(page, found, workdir, echo)
+            if time_run == 1:
+                report["run"] = ran
+            if error is not None:
+                again = (
+                    "" if time_run == 1 else f" (run {time_run} of the page, in the same folder)"
+                )
+                report["error"] = error.replace(" raised:", f"{again} raised:", 1)
+                break
+    report["seconds"] = round(time.perf_counter() - started, 2)
+    return report
+
+
+def _run_blocks(page: Path, found: list[Block], workdir: str, echo: bool) -> tuple[int, str | None]:
+    """Run the blocks once in `workdir`, in a fresh namespace: (blocks run, first error)."""
+    ran, error = 0, None
     module = types.ModuleType(f"docs_page_{re.sub(r'[^0-9A-Za-z]', '_', page.stem)}")
     sys.modules[module.__name__] = module
     namespace = module.__dict__
     cwd, path = os.getcwd(), list(sys.path)
-    started = time.perf_counter()
     output = io.StringIO()
-    with tempfile.TemporaryDirectory(prefix="ember-docs-") as workdir:
-        os.chdir(workdir)
-        try:
-            setup = SETUP.get(page.name)
-            if setup:
-                exec(compile(setup, f"<setup of {page.name}>", "exec"), namespace)
-            for block in found:
-                where = f"{page.name}:{block.line}"
-                if not block.runs:
-                    try:
-                        compile(_expand(block.code), where, "exec")
-                    except SyntaxError:
-                        report["error"] = (
-                            f"The not-run block at {where} is not valid Python:\n"
-                            f"{traceback.format_exc()}"
-                        )
-                        break
-                    continue
+    os.chdir(workdir)
+    try:
+        setup = SETUP.get(page.name)
+        if setup:
+            exec(compile(setup, f"<setup of {page.name}>", "exec"), namespace)
+        for block in found:
+            where = f"{page.name}:{block.line}"
+            if not block.runs:
                 try:
-                    with contextlib.redirect_stdout(output if not echo else sys.stdout):
-                        files = _snippet_files(block.code)
-                        if files is not None:
-                            for file in files:
-                                namespace["__file__"] = str(file)
-                                source = file.read_text(encoding="utf-8")
-                                exec(compile(source, str(file), "exec"), namespace)
-                                del namespace["__file__"]
-                        else:
-                            exec(compile(_expand(block.code), where, "exec"), namespace)
-                except BaseException:
-                    report["error"] = (
-                        f"The block at {where} raised:\n{traceback.format_exc()}\n"
-                        "Output of the page so far (last 3000 characters):\n"
-                        f"{output.getvalue()[-3000:]}"
+                    compile(_expand(block.code), where, "exec")
+                except SyntaxError:
+                    error = (
+                        f"The not-run block at {where} is not valid Python:\n"
+                        f"{traceback.format_exc()}"
                     )
                     break
-                report["run"] += 1
-        finally:
-            os.chdir(cwd)
-            sys.path[:] = path
-            sys.modules.pop(module.__name__, None)
-    report["seconds"] = round(time.perf_counter() - started, 2)
-    return report
+                continue
+            try:
+                with contextlib.redirect_stdout(output if not echo else sys.stdout):
+                    files = _snippet_files(block.code)
+                    if files is not None:
+                        for file in files:
+                            namespace["__file__"] = str(file)
+                            source = file.read_text(encoding="utf-8")
+                            exec(compile(source, str(file), "exec"), namespace)
+                            del namespace["__file__"]
+                    else:
+                        exec(compile(_expand(block.code), where, "exec"), namespace)
+            except BaseException:
+                error = (
+                    f"The block at {where} raised:\n{traceback.format_exc()}\n"
+                    "Output of the page so far (last 3000 characters):\n"
+                    f"{output.getvalue()[-3000:]}"
+                )
+                break
+            ran += 1
+    finally:
+        os.chdir(cwd)
+        sys.path[:] = path
+        sys.modules.pop(module.__name__, None)
+    return ran, error
 
 
 def _main(argv: list[str]) -> int:
@@ -276,3 +302,18 @@ def test_a_raising_block_fails_and_a_marked_block_is_skipped(tmp_path):
     page.write_text("<!-- not run -->\n```python\ndef broken(:\n```\n", encoding="utf-8")
     report = run_page(page)
     assert report["run"] == 0 and "not valid Python" in report["error"]
+
+
+def test_a_page_that_cannot_run_twice_in_a_row_fails(tmp_path):
+    """The second run of a page is in the folder the first one left: a snippet that
+    cannot run again there fails, and the error says it was the second run."""
+    page = tmp_path / "page.md"
+    page.write_text("```python\nimport os\nos.mkdir('made')\n```\n", encoding="utf-8")
+    report = run_page(page)
+    assert report["run"] == 1
+    assert "(run 2 of the page, in the same folder) raised" in report["error"]
+    assert "FileExistsError" in report["error"]
+    page.write_text(
+        "```python\nimport os\nos.makedirs('made', exist_ok=True)\n```\n", encoding="utf-8"
+    )
+    assert run_page(page)["error"] is None

@@ -26,8 +26,8 @@ from ember.train.history import RunHistory
 from ember.train.logger import read_metric_log
 from ember.train.metric import LossMetric
 from ember.train.renderer import PlainRenderer
-from ember.train.renderer.base import MetricView, Progress
-from ember.train.renderer.state import RunTracker
+from ember.train.renderer.base import MetricView, Progress, RunInfo
+from ember.train.renderer.state import RunTracker, column_label, shown_value
 
 
 class Points:
@@ -211,21 +211,31 @@ def test_valid_every_without_validation_data_is_refused(tmp_path, loaders):
         learner.fit(loaders[0])
 
 
-def test_the_dashboard_shows_a_point_as_the_validation_values():
+def test_the_dashboard_shows_a_point_as_the_latest_validation():
+    """After a point the validation column and the legend hold its values and say where
+    it ran; the epoch's own validation takes over when it ends; each is marked on the
+    chart where it ran (epoch 1 spans x in (0, 1])."""
     tracker = RunTracker()
+    tracker.start(RunInfo("run", 1, 2, "Net", 1, ("cpu",), (("valid", "Loss", "", True),)))
     views = [
         MetricView("train", "Loss", "", True, 0.9, 0.8),
         MetricView("valid", "Loss", "", True, 0.7, 0.6),
     ]
-    tracker.update(Progress("train", 1, 2, 3, 7, 96, 1.0), views, [])
+    tracker.update(Progress("train", 1, 2, 3, 8, 96, 1.0), views, [])
     point = [MetricView("valid", "Loss", "", True, 0.55, 0.5)]
-    tracker.valid_point(3, Progress("valid", 1, 2, 3, 3, 90, 0.1), point)
-    assert tracker.points == [(1, 3, {"Loss": 0.5})]
-    tracker.update(Progress("train", 1, 2, 4, 7, 128, 1.2), views, [])
-    assert [view.last for view in tracker.views] == [0.9, 0.5]
+    tracker.valid_point(4, Progress("valid", 1, 2, 3, 3, 90, 0.1), point)
+    tracker.update(Progress("train", 1, 2, 5, 8, 160, 1.2), views, [])
+    snapshot = tracker.snapshot("Loss")
+    valid = next(view for view in snapshot.views if view.split == "valid")
+    assert shown_value(snapshot, valid, "epoch") == 0.5
+    assert column_label(snapshot, "valid", "epoch") == "valid (epoch 1, iteration 4)"
+    assert snapshot.validations == ((0.5, 0.5, "epoch 1, iteration 4"),)
     tracker.end_split(Progress("valid", 1, 2, 3, 3, 90, 0.1), views)  # the epoch's validation
-    tracker.update(Progress("train", 2, 2, 1, 7, 32, 0.1), views, [])
-    assert [view.last for view in tracker.views] == [0.9, 0.7]
+    tracker.update(Progress("train", 2, 2, 1, 8, 32, 0.1), views, [])
+    snapshot = tracker.snapshot("Loss")
+    assert shown_value(snapshot, valid, "epoch") == 0.6
+    assert column_label(snapshot, "valid", "epoch") == "valid (epoch 1)"
+    assert [(x, v) for x, v, _ in snapshot.validations] == [(0.5, 0.5), (1.0, 0.6)]
 
 
 @pytest.mark.slow

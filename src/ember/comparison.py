@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ember.errors import EmberError
+from ember.figures import LEGEND_ROWS, colours, legend_beside, matplotlib, significant
 from ember.train.files.artifacts import SPLITS, Artifacts
 from ember.train.files.lock import read_lock
 from ember.train.files.metric_files import metric_stem
@@ -42,6 +43,8 @@ HIGHER_IS_BETTER: tuple[str, ...] = (
 """Words that mark a metric whose best value is its highest (case does not matter)."""
 
 RESUME_HINT = "resume with LearnerBuilder(dir).checkpoint('latest')"
+SPLIT_LINES: dict[str, Any] = {"train": "--", "valid": "-"}
+"""How a chart tells the splits apart: training dashed, validation solid."""
 
 
 def higher_is_better(name: str) -> bool:
@@ -269,35 +272,40 @@ class Comparison:
 
     def chart(self, metric: str) -> Chart:
         """The epoch values of `metric` in every run, one colour per run, training
-        dashed and validation solid (in a notebook, the chart shows inline)."""
+        dashed and validation solid; beside the plot, a legend of the runs with their
+        final values (validation's if they have it) and one of the line styles (in a
+        notebook, the chart shows inline)."""
         names = {name for _, name in self.metrics}
         if metric not in names:
             raise EmberError(
                 f"No run has a metric {metric!r}; the runs have: {', '.join(sorted(names))}."
             )
         Figure, _ = _matplotlib()
+        from matplotlib.lines import Line2D
         from matplotlib.ticker import MaxNLocator
 
-        figure = Figure(figsize=(9, 5), layout="constrained")
+        drawn = [row for row in self.rows if any((s, metric) in row.series for s in SPLITS)]
+        legend_columns = math.ceil(max(1, len(drawn)) / LEGEND_ROWS)
+        figure = Figure(figsize=(9 + 2.2 * legend_columns, 5), layout="constrained")
         ax = figure.subplots()
-        colours = [f"C{index % 10}" for index in range(len(self.rows))]
-        drawn = 0
-        for row, colour in zip(self.rows, colours):
+        handles, labels = [], []
+        for row, colour in zip(drawn, colours(len(drawn))):
             for split in SPLITS:
                 values = row.series.get((split, metric), [])
                 if not values:
                     continue
-                style = "-" if split == "valid" else "--"
                 ax.plot(
                     [e for e, _ in values],
                     [v for _, v in values],
-                    style,
+                    SPLIT_LINES[split],
                     color=colour,
                     marker="o" if split == "valid" else ".",
                     linewidth=2.0 if split == "valid" else 1.4,
-                    label=f"{_name(row.directory)} {split}",
                 )
-                drawn += 1
+            final = row.metrics.get(("valid", metric)) or row.metrics.get(("train", metric))
+            handles.append(Line2D([], [], color=colour, linewidth=2.0))
+            last = f" ({significant(final.final)})" if final is not None else ""
+            labels.append(f"{_name(row.directory)}{last}")
         direction = "higher is better" if higher_is_better(metric) else "lower is better"
         ax.set_title(f"{metric} per epoch ({direction})", fontsize=13, fontweight="bold")
         ax.set_xlabel("epoch")
@@ -305,7 +313,10 @@ class Comparison:
         ax.set_ylabel(metric)
         ax.grid(True, alpha=0.3)
         if drawn:
-            ax.legend(loc="best", fontsize=9)
+            splits = [s for s in SPLITS if any((s, metric) in row.series for row in drawn)]
+            keys = [Line2D([], [], color="black", linestyle=SPLIT_LINES[s]) for s in splits]
+            ax.add_artist(legend_beside(ax, keys, splits, bottom=True))
+            legend_beside(ax, handles, labels, title="run (final value)")
         return Chart(metric, figure)
 
     def plot(self, output_dir: str | os.PathLike[str]) -> list[Path]:
@@ -356,14 +367,7 @@ def compare(directories: Iterable[str | os.PathLike[str]]) -> Comparison:
 
 # Formatting ---------------------------------------------------------------------------
 def _matplotlib() -> Any:
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise EmberError(
-            "Charts need matplotlib: pip install matplotlib (or pip install ember[plot])."
-        ) from None
-    return Figure, FigureCanvasAgg
+    return matplotlib("Charts")
 
 
 def _name(directory: Path, root: str | os.PathLike[str] | None = None) -> str:
@@ -388,16 +392,14 @@ def _time(seconds: float | None) -> str:
 
 
 def _number(value: float) -> str:
-    if math.isnan(value) or math.isinf(value):
-        return repr(value)
-    return f"{value:.6g}"
+    return significant(value)
 
 
 def _hparam(hparams: dict[str, Any] | None, key: str) -> str:
     if hparams is None or key not in hparams:
         return "-"
     value = hparams[key]
-    return _number(value) if isinstance(value, float) else str(value)
+    return f"{value:.6g}" if isinstance(value, float) else str(value)  # as the run was set
 
 
 def _table(header: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str:

@@ -1,11 +1,15 @@
 """`ember plot DIR`: PNG charts of a finished (or running) run, read from its metric logs.
 
 For every metric log name it writes `<Metric>-iterations.png` (every iteration across
-epochs, train and valid, smoothed when long) and `<Metric>-epochs.png` (train and
-valid epoch values), and for each matrix metric (a confusion matrix)
-`<Metric>-<split>-matrix.png`, a heat map of its last epoch's counts. Needs matplotlib (`pip install ember[plot]`), imported only here.
-valid epoch values). A directory where `lr_find` ran also gets `lr-find.png`: the
-loss against the learning rate (log scale), the suggestion marked. Needs matplotlib (`pip install ember[plot]`), imported only here.
+epochs, train and valid, smoothed when long, and each validation's value marked at the
+training iteration where it ran: the points inside epochs of `valid_every` and the
+epochs' ends) and `<Metric>-epochs.png` (train and valid epoch values), and for each
+matrix metric (a confusion matrix) `<Metric>-<split>-matrix.png`, a heat map of its
+last epoch's counts. A directory where `lr_find` ran also gets `lr-find.png`: the loss
+against the learning rate, the suggestion and the edge of stability marked, and each
+step's ratio of realized to promised decrease below. Legends stand beside the plotting
+area and every number in a label has 4 significant digits. Needs matplotlib (`pip
+install ember[plot]`), imported only here.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ember.errors import EmberError
+from ember.figures import legend_beside, save, significant
+from ember.figures import matplotlib as _figures
 from ember.train.files.artifacts import SPLITS, Artifacts
-from ember.train.files.metric_files import format_value, metric_stem, read_metric_log
-from ember.train.summary import MatrixSummary, epoch_values, last_matrices
+from ember.train.files.metric_files import metric_stem, read_metric_log
+from ember.train.summary import MatrixSummary, epoch_values, last_matrices, point_values
 
 COLOURS = {"train": "#1f77b4", "valid": "#ff7f0e"}
 SMOOTH_ABOVE = 60
@@ -35,6 +41,9 @@ class MetricLogs:
     splits: dict[str, dict[int, list[tuple[float, float]]]] = field(default_factory=dict)
     epoch_values: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     """Per split, the run's exact epoch values (from its history)."""
+    points: list[tuple[int, int, float]] = field(default_factory=list)
+    """The validations inside epochs (`valid_every`): (epoch, training batches before
+    it, value)."""
 
     def iterations(self, split: str) -> tuple[list[int], list[float], list[tuple[int, int]]]:
         """Global iteration numbers (1-based, counted across epochs), values, and each
@@ -70,6 +79,9 @@ def read_run(artifact_dir: str | os.PathLike[str]) -> list[MetricLogs]:
     for (split, stem), values in epoch_values(root).items():
         if stem in metrics:
             metrics[stem].epoch_values[split] = values
+    for stem, points in point_values(root).items():
+        if stem in metrics:
+            metrics[stem].points = points
     found = [
         m for m in metrics.values() if any(rows for s in m.splits.values() for rows in s.values())
     ]
@@ -101,59 +113,127 @@ def smooth(values: Sequence[float], window: int) -> list[float]:
 
 
 def _matplotlib() -> Any:
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise EmberError(
-            "ember plot needs matplotlib: pip install matplotlib (or pip install ember[plot])."
-        ) from None
-    return Figure, FigureCanvasAgg
+    return _figures("ember plot")
 
 
-def _save(figure: Any, canvas: Any, path: Path) -> None:
-    canvas(figure)
-    figure.savefig(path, dpi=100)
+def validations(
+    metric: MetricLogs, lengths: dict[int, int]
+) -> tuple[list[float], list[float], str]:
+    """Each validation's value at the training iteration where it ran (counted across
+    epochs, as the training curve): a point inside epoch e after k batches at the
+    iteration before the epoch's first plus k, an epoch's end at its last iteration;
+    epochs without training logs are left out. Also the latest one in words ("epoch 2,
+    iteration 400: 0.1286")."""
+    offsets: dict[int, int] = {}
+    total = 0
+    for epoch in sorted(lengths):
+        offsets[epoch] = total
+        total += lengths[epoch]
+    found: list[tuple[int, int | None, float]] = list(metric.points)
+    found += [(epoch, None, value) for epoch, value in metric.epoch_values.get("valid", [])]
+    placed = []
+    for epoch, iteration, value in found:
+        if epoch in offsets:
+            at = offsets[epoch] + (iteration if iteration is not None else lengths[epoch])
+            where = f"epoch {epoch}" + (f", iteration {iteration}" if iteration else "")
+            placed.append((at, value, where))
+    placed.sort(key=lambda item: item[0])
+    latest = f"{placed[-1][2]}: {significant(placed[-1][1])}" if placed else ""
+    return [float(x) for x, _, _ in placed], [v for _, v, _ in placed], latest
 
 
-def plot_iterations(metric: MetricLogs, path: Path) -> Path:
+def train_lengths(metrics: Sequence[MetricLogs]) -> dict[int, int]:
+    """The training iterations of each epoch, as the training logs have them."""
+    lengths: dict[int, int] = {}
+    for metric in metrics:
+        for epoch, rows in metric.splits.get("train", {}).items():
+            lengths[epoch] = max(lengths.get(epoch, 0), len(rows))
+    return lengths
+
+
+def plot_iterations(metric: MetricLogs, path: Path, lengths: dict[int, int] | None = None) -> Path:
+    """`iterations_figure` as a PNG at `path`."""
+    return save(iterations_figure(metric, lengths), path)
+
+
+def iterations_figure(metric: MetricLogs, lengths: dict[int, int] | None = None) -> Any:
     """Per-iteration curves, one panel per split, epoch boundaries marked (one line
-    collection and a top axis, however many epochs)."""
-    Figure, Canvas = _matplotlib()
-    splits = [s for s in SPLITS if metric.splits.get(s)]
-    figure = Figure(figsize=(11, 3.2 * len(splits) + 0.8), layout="constrained")
-    axes = figure.subplots(len(splits), 1, squeeze=False)[:, 0]
-    for ax, split in zip(axes, splits):
-        xs, ys, starts = metric.iterations(split)
-        colour = COLOURS[split]
-        if len(xs) > SMOOTH_ABOVE:
-            ax.plot(xs, ys, color=colour, alpha=0.25, linewidth=0.8, label=f"{split} (raw)")
-            window = max(5, len(xs) // 50)
-            ax.plot(
-                xs,
-                smooth(ys, window),
-                color=colour,
-                linewidth=2.0,
-                label=f"{split} (moving average of {window})",
-            )
+    collection and a top axis, however many epochs). Each validation's value is marked
+    on the training panel at the iteration where it ran (`lengths`: the training
+    iterations of each epoch, by default this metric's); a metric without training
+    values gets a panel of its own for them, on the training iteration axis."""
+    Figure, _ = _matplotlib()
+    lengths = lengths if lengths is not None else train_lengths([metric])
+    xs_valid, ys_valid, latest = validations(metric, lengths)
+    panels = [s for s in SPLITS if metric.splits.get(s)]
+    if xs_valid and "train" not in panels:
+        panels.insert(0, "validations")
+    figure = Figure(figsize=(11, 3.2 * len(panels) + 0.8), layout="constrained")
+    axes = figure.subplots(len(panels), 1, squeeze=False)[:, 0]
+    for ax, split in zip(axes, panels):
+        if split == "validations":
+            count, starts = sum(lengths.values()), _starts(lengths)
         else:
+            xs, ys, starts = metric.iterations(split)
+            count = len(xs)
+            _curve(ax, xs, ys, split)
+        if split in ("train", "validations") and xs_valid:
             ax.plot(
-                xs,
-                ys,
-                color=colour,
-                linewidth=1.5,
-                marker="." if len(xs) < 30 else None,
-                label=split,
+                xs_valid,
+                ys_valid,
+                linestyle="none",
+                marker="D",
+                markersize=5,
+                color=COLOURS["valid"],
+                markeredgecolor="black",
+                markeredgewidth=0.5,
+                label=f"valid, where it ran (latest {latest})",
+                zorder=3,
             )
-        _epoch_axis(ax, starts, len(xs))
-        ax.set_xlim(0.5, max(len(xs), 1) + 0.5)
+            count = max(count, math.ceil(max(xs_valid)))
+        _epoch_axis(ax, starts, count)
+        ax.set_xlim(0.5, max(count, 1) + 0.5)
         ax.set_ylabel(metric.name)
-        ax.set_xlabel(f"{split} iteration (counted across epochs)")
+        axis = "train" if split == "validations" else split
+        ax.set_xlabel(f"{axis} iteration (counted across epochs)")
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="best", fontsize=9)
+        legend_beside(ax)
     figure.suptitle(f"{metric.name} per iteration", fontsize=14, fontweight="bold")
-    _save(figure, Canvas, path)
-    return path
+    return figure
+
+
+def _starts(lengths: dict[int, int]) -> list[tuple[int, int]]:
+    """Each epoch with its first training iteration counted across epochs."""
+    starts, first = [], 1
+    for epoch in sorted(lengths):
+        starts.append((epoch, first))
+        first += lengths[epoch]
+    return starts
+
+
+def _curve(ax: Any, xs: list[int], ys: list[float], split: str) -> None:
+    """A split's iteration values: a moving average over the faint raw ones when long."""
+    colour = COLOURS[split]
+    last = f": {significant(ys[-1])}" if ys else ""
+    if len(xs) > SMOOTH_ABOVE:
+        ax.plot(xs, ys, color=colour, alpha=0.25, linewidth=0.8, label=f"{split} (raw, last{last})")
+        window = max(5, len(xs) // 50)
+        ax.plot(
+            xs,
+            smooth(ys, window),
+            color=colour,
+            linewidth=2.0,
+            label=f"{split} (moving average of {window})",
+        )
+    else:
+        ax.plot(
+            xs,
+            ys,
+            color=colour,
+            linewidth=1.5,
+            marker="." if len(xs) < 30 else None,
+            label=f"{split} (last{last})",
+        )
 
 
 EPOCH_MARKERS = 200
@@ -196,8 +276,13 @@ def _epoch_axis(ax: Any, starts: list[tuple[int, int]], count: int) -> None:
 
 
 def plot_epochs(metric: MetricLogs, path: Path) -> Path:
+    """`epochs_figure` as a PNG at `path`."""
+    return save(epochs_figure(metric), path)
+
+
+def epochs_figure(metric: MetricLogs) -> Any:
     """The run's exact epoch values (as `ember summary` shows them), train against valid."""
-    Figure, Canvas = _matplotlib()
+    Figure, _ = _matplotlib()
     figure = Figure(figsize=(9, 5), layout="constrained")
     ax = figure.subplots()
     all_epochs: list[int] = []
@@ -206,7 +291,7 @@ def plot_epochs(metric: MetricLogs, path: Path) -> Path:
         if not epochs:
             continue
         all_epochs += epochs
-        label = f"{split} (epoch {epochs[-1]}: {format_value(values[-1])})"
+        label = f"{split} (epoch {epochs[-1]}: {significant(values[-1])})"
         marker = "o" if len(epochs) <= EPOCH_MARKERS else None  # 10,000 markers take seconds
         ax.plot(epochs, values, color=COLOURS[split], marker=marker, linewidth=2.0, label=label)
     if all_epochs:
@@ -222,15 +307,20 @@ def plot_epochs(metric: MetricLogs, path: Path) -> Path:
     ax.set_xlabel("epoch")
     ax.set_ylabel(metric.name)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="best")
-    _save(figure, Canvas, path)
-    return path
+    if all_epochs:
+        legend_beside(ax, fontsize=10)
+    return figure
 
 
 def plot_matrix(matrix: MatrixSummary, path: Path) -> Path:
+    """`matrix_figure` as a PNG at `path`."""
+    return save(matrix_figure(matrix), path)
+
+
+def matrix_figure(matrix: MatrixSummary) -> Any:
     """A count matrix (a confusion matrix) as a heat map: target classes down,
     predicted classes across, each cell labelled with its count."""
-    Figure, Canvas = _matplotlib()
+    Figure, _ = _matplotlib()
     counts = matrix.counts
     size = len(counts)
     side = min(12.0, 3.0 + 0.6 * size)
@@ -252,8 +342,7 @@ def plot_matrix(matrix: MatrixSummary, path: Path) -> Path:
     ax.set_title(
         f"{matrix.name} ({matrix.split}, epoch {matrix.epoch})", fontsize=13, fontweight="bold"
     )
-    _save(figure, Canvas, path)
-    return path
+    return figure
 
 
 def plot_run(
@@ -276,8 +365,10 @@ def plot_run(
     except OSError as error:
         raise EmberError(f"Cannot create the output directory {target}: {error}.") from None
     written = []
+    lengths = train_lengths(metrics)
     for metric in metrics:
-        written.append(plot_iterations(metric, target / f"{metric.name}-iterations.png"))
+        path = target / f"{metric.name}-iterations.png"
+        written.append(plot_iterations(metric, path, lengths))
         written.append(plot_epochs(metric, target / f"{metric.name}-epochs.png"))
     for matrix in last_matrices(artifact_dir):
         path = target / f"{metric_stem(matrix.name)}-{matrix.split}-matrix.png"
@@ -288,42 +379,96 @@ def plot_run(
 
 
 def plot_lr_find(source: str | os.PathLike[str], path: Path) -> Path:
+    """`lr_find_figure` as a PNG at `path`."""
+    return save(lr_find_figure(source), path)
+
+
+def lr_find_figure(source: str | os.PathLike[str]) -> Any:
     """The learning-rate range test (`lr-find.json`): the loss of each step and its
-    smoothed curve against the rate (a log scale in exponential mode), the suggestion
-    marked with its value."""
+    smoothed curve against the rate (a log scale in exponential mode), the loss axis
+    fitted to the curve up to its divergence (`lr_find_range`: what rises past it is cut
+    at the top), the lowest loss, the suggestion and the edge of stability marked with
+    their values; below, each step's ratio of realized to promised decrease, which the
+    suggestion is read from."""
     from ember.train.lr_finder import LrFinderResult
 
     result = LrFinderResult.load(source)
-    Figure, Canvas = _matplotlib()
-    figure = Figure(figsize=(9, 5), layout="constrained")
-    ax = figure.subplots()
+    Figure, _ = _matplotlib()
+    ratios = [(lr, r) for lr, r in zip(result.lrs, result.ratios) if math.isfinite(r)]
+    rows = 2 if ratios else 1
+    figure = Figure(figsize=(10, 5 + 2.6 * (rows - 1)), layout="constrained")
+    axes = figure.subplots(rows, 1, squeeze=False, sharex=True, height_ratios=[2, 1][:rows])
+    ax = axes[0, 0]
     colour = COLOURS["train"]
-    ax.plot(result.lrs, result.losses, color=colour, alpha=0.3, linewidth=0.8, label="loss")
+    ax.plot(result.lrs, result.losses, color=colour, alpha=0.35, linewidth=0.9, label="loss")
     ax.plot(result.lrs, result.smoothed, color=colour, linewidth=2.0, label="smoothed loss")
+    ax.set_ylim(*lr_find_range(result.losses, result.smoothed, result.diverged))
+    finite = [i for i, v in enumerate(result.losses) if math.isfinite(v)]
+    if finite:
+        lowest = min(finite, key=lambda i: result.losses[i])
+        ax.plot(
+            [result.lrs[lowest]],
+            [result.losses[lowest]],
+            marker="v",
+            markersize=8,
+            linestyle="none",
+            color=colour,
+            label=f"lowest loss {significant(result.losses[lowest])} "
+            f"at {significant(result.lrs[lowest])}",
+        )
+    marks = []
+    if result.edge is not None:
+        marks.append((result.edge, ":", f"edge of stability {significant(result.edge)}"))
+    if result.suggestion is not None:
+        rule = "half the edge" if result.edge is not None else "steepest fall"
+        text = f"suggestion {significant(result.suggestion)} ({rule})"
+        marks.append((result.suggestion, "--", text))
+    for at, style, label in marks:
+        for row in axes[:, 0]:
+            row.axvline(at, color=COLOURS["valid"], linestyle=style, linewidth=1.6)
+        ax.plot([], [], color=COLOURS["valid"], linestyle=style, label=label)
     if result.mode == "exp":
         ax.set_xscale("log")
-    suggestion = result.suggestion
-    if suggestion is not None:
-        index = min(range(len(result.lrs)), key=lambda i: abs(result.lrs[i] - suggestion))
-        ax.axvline(suggestion, color=COLOURS["valid"], linestyle="--", linewidth=1.2)
-        ax.plot(
-            [suggestion],
-            [result.smoothed[index]],
-            marker="o",
-            markersize=9,
-            color=COLOURS["valid"],
-            label=f"suggestion {suggestion:.3g}",
-        )
-    finite = [v for v in result.smoothed if math.isfinite(v)]
-    if finite:  # the divergence at the end would flatten the rest of the curve
-        low, high = min(finite), max(finite[: max(1, len(finite) - 1)])
-        margin = (high - low) * 0.1 or abs(high) * 0.1 or 1.0
-        ax.set_ylim(low - margin, high + margin)
-    ax.set_xlabel("learning rate" + (" (log scale)" if result.mode == "exp" else ""))
     ax.set_ylabel("loss")
     ax.grid(True, alpha=0.3, which="both")
-    ax.legend(loc="best", fontsize=9)
+    legend_beside(ax)
+    if ratios:
+        below = axes[1, 0]
+        below.plot(
+            [lr for lr, _ in ratios],
+            [r for _, r in ratios],
+            color="black",
+            marker=".",
+            linewidth=1.0,
+            label="loss removed / loss promised",
+        )
+        below.axhline(0.5, color="grey", linewidth=0.8, linestyle="--", label="0.5: the best step")
+        below.axhline(0.0, color="grey", linewidth=1.0, label="0: no gain (the edge)")
+        below.set_ylim(-1.5, 1.5)  # the steps past the edge are cut at the bottom
+        below.set_ylabel("step ratio")
+        below.grid(True, alpha=0.3, which="both")
+        legend_beside(below)
+    axes[-1, 0].set_xlabel("learning rate" + (" (log scale)" if result.mode == "exp" else ""))
     ended = "stopped at divergence" if result.diverged else "full range"
     figure.suptitle(f"Learning-rate range test ({ended})", fontsize=14, fontweight="bold")
-    _save(figure, Canvas, path)
-    return path
+    return figure
+
+
+def lr_find_range(
+    losses: Sequence[float], smoothed: Sequence[float], diverged: bool
+) -> tuple[float, float]:
+    """The loss axis of the range test: from the lowest loss drawn (raw or smoothed)
+    to the highest before the divergence (the smoothed curve, but for its last point
+    when the test diverged, and the raw losses up to the lowest smoothed one), with a
+    margin of 5 % either side."""
+    finite_smoothed = [(i, v) for i, v in enumerate(smoothed) if math.isfinite(v)]
+    body = finite_smoothed[:-1] if diverged and len(finite_smoothed) > 1 else finite_smoothed
+    turn = min(body, key=lambda item: item[1])[0] if body else len(losses)
+    early = [v for v in losses[: turn + 1] if math.isfinite(v)]
+    everything = [v for v in losses if math.isfinite(v)] + [v for _, v in finite_smoothed]
+    if not everything:
+        return 0.0, 1.0
+    low = min(everything)
+    high = max([v for _, v in body] + early, default=max(everything))
+    margin = (high - low) * 0.05 or abs(high) * 0.05 or 1.0
+    return low - margin, high + margin

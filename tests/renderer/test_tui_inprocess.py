@@ -225,7 +225,9 @@ def test_a_run_in_a_fake_terminal_draws_every_panel(tmp_path):
         "user print from train_step",
     ):
         assert part in out.getvalue(), part
-    assert "train last" in final and "valid epoch" in final
+    # The columns say which epoch their values belong to, and so does the chart's legend.
+    assert "train last" in final and "train (epoch 3)" in final and "valid (epoch 3)" in final
+    assert "● valid (epoch 3) " in final
     assert sys.stdout is not None and type(sys.stdout).__name__ != "FileProxy"
 
 
@@ -317,7 +319,8 @@ def metric_values(screen: str, name: str) -> list[str] | None:
 
 def test_every_metric_and_both_epoch_columns_fit_80_by_24(tmp_path):
     """Six metrics on an 80 x 24 terminal: every name whole, every value of both splits
-    (the valid epoch column included), nothing scrolled away."""
+    (the valid epoch column included, headed by the epoch it belongs to), nothing
+    scrolled away."""
     names = [name for name in MANY_METRICS if name != "Entropy"]
     assert len(names) == 6 and "Learning Rate" in names
     out = io.StringIO()
@@ -335,12 +338,12 @@ def test_every_metric_and_both_epoch_columns_fit_80_by_24(tmp_path):
     screen = "\n".join(lines)
     assert len(lines) == 23 and all(len(line) == 80 for line in lines)
     assert re.search(r"╭─ metrics ─+ train ─+ valid ─+╮", screen), screen
-    assert re.search(r"│   metric +last +epoch +last +epoch │", screen), screen
+    assert re.search(r"│   metric +last +epoch 2 +epoch 2 │", screen), screen
     for name in names:
         values = metric_values(screen, name)
         assert values is not None, f"{name} is not shown\n{screen}"
-        assert len(values) == 2 * len(MANY_METRICS[name]), f"{name}: {values}\n{screen}"
-    assert metric_values(screen, "Learning Rate") == ["0.0100", "0.0100"]
+        assert len(values) == len(MANY_METRICS[name]) + 1, f"{name}: {values}\n{screen}"
+    assert metric_values(screen, "Learning Rate") == ["0.01000", "0.01000"]
     assert "more" not in screen and "hidden" not in screen
     assert "Loss · full history" in screen  # the chart keeps its place
 
@@ -379,7 +382,7 @@ def test_a_long_metrics_table_scrolls_and_says_so():
         renderer._draw()
         screen = "\n".join(frame_text(renderer))
         assert [n for n in names if metric_values(screen, n) is not None] == names[3:], screen
-        assert metric_values(screen, "Metric 9") == ["9.0000", "0.9000", "9.0000", "0.9000"]
+        assert metric_values(screen, "Metric 9") == ["9.000", "0.9000", "0.9000"]
         assert "▴ 3 above · PgUp ─╯" in screen
         renderer.press("pageup")
         renderer._draw()
@@ -418,16 +421,16 @@ def test_the_metrics_table_fits_any_width_and_says_what_it_leaves_out():
         columns = len(re.findall(r"last|epoch", table[0]))
         for row in table[1:5]:
             assert len(re.findall(r"-?\d[\d.]*(?:e-?\d+)?", row)) == columns, row
-        if columns < 4:
-            assert f"{4 - columns} column" in lines[8] or f"+{4 - columns} col" in lines[8]
+        if columns < 3:
+            assert f"{3 - columns} column" in lines[8] or f"+{3 - columns} col" in lines[8]
         if width >= 80:
-            assert columns == 4, (width, table)
+            assert columns == 3, (width, table)
         if width >= 88:
             assert all(name in "\n".join(table) for name, _ in metrics[:3]), table
         if width < 60:
             assert "…" in "\n".join(table)  # a name cut shows that it is
     wide = "\n".join("".join(t for t, _ in line) for line in dashboard(snapshot, 200, 30))
-    assert "train last" in wide and "-1.234e-05" in wide and "12345.68 item/s" in wide
+    assert "train last" in wide and "-1.234e-5" in wide and "1.235e4 item/s" in wide
 
 
 @pytest.mark.parametrize(

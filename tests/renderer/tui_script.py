@@ -2,11 +2,13 @@
 
     python tests/renderer/tui_script.py ARTIFACT_DIR [--renderer default|tui|plain]
         [--epochs 6] [--sleep 0.02] [--persistent] [--checkpoint] [--many-metrics]
+        [--valid-every N] [--valid-batches N]
 
 Prints `renderer <ClassName>` first, then trains a small MLP on Gaussian blobs. In the
 first epoch it also prints a line and logs a warning, as a user's own code would.
 `--many-metrics` registers the seven metrics of `MANY_METRICS` instead of the loss and
-the accuracy.
+the accuracy; `--valid-every N` validates every N training batches inside the epochs
+as well (`LearnerBuilder.valid_every`).
 """
 
 from __future__ import annotations
@@ -140,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--persistent", action="store_true")
     parser.add_argument("--checkpoint", action="store_true")
     parser.add_argument("--many-metrics", action="store_true")
+    parser.add_argument("--valid-every", type=int, default=0)
+    parser.add_argument("--valid-batches", type=int, default=0)
     args = parser.parse_args(argv)
 
     logging.basicConfig(
@@ -171,12 +175,15 @@ def main(argv: list[str] | None = None) -> int:
             .metric_valid_numeric(AccuracyMetric())
         )
     builder = builder.num_epochs(args.epochs).renderer(renderer)
+    if args.valid_every:
+        builder = builder.valid_every(args.valid_every)
     if args.checkpoint:
         from ember.record import CompactRecorder
 
         builder = builder.with_file_checkpointer(CompactRecorder())
     learner = builder.build(Blobs(args.sleep), AdamConfig().init(), 1e-2)
-    learner.fit(blobs(args.batches, seed=1), blobs(max(1, args.batches // 4), seed=2))
+    valid_batches = args.valid_batches or max(1, args.batches // 4)
+    learner.fit(blobs(args.batches, seed=1), blobs(valid_batches, seed=2))
     print("training script finished", flush=True)
     return 0
 

@@ -200,7 +200,7 @@ class Evaluator:
                 step_name,
                 ", ".join(entry.name for entry in self.metrics) or "none",
             )
-            self.renderer.start(self._info())
+            self.renderer.start(self._info(name))
             with signal_handlers(self.interrupter):
                 values, items, batches = self._run(processor, step, step_name, loader)
             if values is None:
@@ -284,7 +284,7 @@ class Evaluator:
             "metrics read."
         )
 
-    def _info(self) -> RunInfo:
+    def _info(self, name: str) -> RunInfo:
         return RunInfo(
             artifact_dir=str(self.artifact_dir),
             start_epoch=1,
@@ -294,6 +294,7 @@ class Evaluator:
             devices=(str(self.device),),
             metrics=tuple((SPLIT, e.name, e.unit, e.numeric) for e in self.metrics),
             interrupter=self.interrupter,
+            evaluation=name,
         )
 
     # Prediction ------------------------------------------------------------------

@@ -4,9 +4,22 @@ The model trains on one mini-batch after another while the learning rate rises f
 `start` to `end` (exponentially, or linearly), one rate per optimizer step. The loss is
 smoothed (an exponential moving average with bias correction); the test stops early
 when the smoothed loss exceeds `diverge` times its lowest value (or a loss is not
-finite). The suggestion is the rate where the smoothed loss falls fastest: the most
-negative slope against the logarithm of the rate (the rate itself in linear mode),
-taken across a few neighbouring points, before the lowest loss.
+finite).
+
+The suggestion reads how well each step does on the batch it was computed on: after
+the step, the same batch goes through the model again (without gradients, with the
+same random numbers, so dropout draws the same masks), and the step's `ratio` is the
+loss it removed over the loss its gradient promised to remove (the first-order
+prediction, the gradient dotted with the step). For plain SGD on a quadratic the ratio
+is 1 - rate * k / 2 along the step (k: the curvature along it): 1 for tiny rates, 0.5
+at the best rate along the step, 0 at the largest stable rate 2 / k, below 0 past it.
+The `edge` is the first rate at which the steps stop lowering their own batch's loss
+(the median of a step's ratio and its two neighbours' is 0 or below), or where the
+test stopped at divergence; the suggestion is half the edge: the rate that is best
+along the steps, half the largest stable rate. With momentum or an adaptive optimizer
+(Adam) the step is shaped by the optimizer's state, and the suggestion is a rate to
+start from. A test whose rates never reach the edge (an `end` too low) suggests the
+rate where the smoothed loss falls fastest before its lowest point instead.
 
 Afterwards the model's weights and buffers, the optimizer's state and rates, the
 gradient scaler, the gradients, the model's mode and every random generator are put
@@ -20,6 +33,7 @@ import copy
 import json
 import math
 import os
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -34,7 +48,8 @@ from ember.train.optimization import Optimization
 from ember.train.step import check_steps, check_train_output
 
 FORMAT = "ember-lr-find"
-VERSION = 1
+VERSION = 2
+"""Version 2 adds each step's `ratios` and the `edge`; version 1 files still load."""
 
 
 @dataclass
@@ -47,12 +62,20 @@ class LrFinderResult:
     smoothed: list[float]
     """The losses smoothed (exponential moving average, bias-corrected)."""
     suggestion: float | None
-    """The rate where the smoothed loss falls fastest; None when the curve is too short."""
+    """Half the `edge` (see the module's text): the rate that is best along the steps,
+    about half the largest stable rate; without an edge, the rate where the smoothed
+    loss falls fastest; None when the curve is too short."""
     mode: str = "exp"
     diverged: bool = False
     """The test stopped early: the smoothed loss rose past `diverge` times its lowest."""
     path: Path | None = field(default=None)
     """Where the curve was written (`lr-find.json`)."""
+    ratios: list[float] = field(default_factory=list)
+    """Per step: the loss it removed from its own batch over the loss its gradient
+    promised to remove (NaN where that promise is too small to measure)."""
+    edge: float | None = None
+    """The first rate at which the steps stop lowering their own batch's loss (or the
+    test diverged); None when the rates never got there."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,6 +85,8 @@ class LrFinderResult:
             "lrs": self.lrs,
             "losses": [_number(v) for v in self.losses],
             "smoothed": [_number(v) for v in self.smoothed],
+            "ratios": [_number(v) for v in self.ratios],
+            "edge": self.edge,
             "suggestion": self.suggestion,
             "diverged": self.diverged,
         }
@@ -76,8 +101,10 @@ class LrFinderResult:
             raise EmberError(f"{file} is not a readable learning-rate test: {error}.") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise EmberError(f"{file} is not an ember learning-rate test (no format {FORMAT!r}).")
-        if data.get("version") != VERSION:
-            raise EmberError(f"{file} has version {data.get('version')!r}; this ember reads 1.")
+        if data.get("version") not in (1, VERSION):
+            raise EmberError(
+                f"{file} has version {data.get('version')!r}; this ember reads 1 and {VERSION}."
+            )
         return cls(
             [float(v) for v in data["lrs"]],
             [float(v) for v in data["losses"]],
@@ -86,6 +113,8 @@ class LrFinderResult:
             str(data.get("mode", "exp")),
             bool(data.get("diverged", False)),
             file,
+            [float(v) for v in data.get("ratios", [])],
+            None if data.get("edge") is None else float(data["edge"]),
         )
 
 
@@ -101,7 +130,38 @@ def rates(start: float, end: float, steps: int, mode: str) -> list[float]:
     return [start + (end - start) * i / (steps - 1) for i in range(steps)]
 
 
-def suggest(lrs: list[float], smoothed: list[float], mode: str) -> float | None:
+def stability_edge(lrs: Sequence[float], ratios: Sequence[float]) -> float | None:
+    """The first rate at which the steps stop lowering the loss of their own batch: the
+    median of a step's ratio and its measurable neighbours' (one on each side) is 0 or
+    below. None when no step got there."""
+    for index, ratio in enumerate(ratios):
+        if not math.isfinite(ratio):
+            continue
+        window = [r for r in ratios[max(0, index - 1) : index + 2] if math.isfinite(r)]
+        if len(window) >= 2 and statistics.median(window) <= 0:
+            return lrs[index]
+    return None
+
+
+def suggest(
+    lrs: list[float],
+    smoothed: list[float],
+    mode: str,
+    ratios: Sequence[float] = (),
+    diverged: bool = False,
+) -> float | None:
+    """Half the rate at the edge of stability (`stability_edge` of the steps' `ratios`,
+    else the last rate of a test that `diverged`); without an edge, the rate of the
+    steepest fall of the smoothed loss before its lowest point (`steepest_fall`)."""
+    edge = stability_edge(lrs, ratios)
+    if edge is None and diverged and lrs:
+        edge = lrs[-1]
+    if edge is not None:
+        return edge / 2
+    return steepest_fall(lrs, smoothed, mode)
+
+
+def steepest_fall(lrs: list[float], smoothed: list[float], mode: str) -> float | None:
     """The rate of the steepest fall of the smoothed loss before its lowest point. The
     slope at each point is taken across its neighbours (a twentieth of the curve on
     each side, at least 2), so that one noisy batch does not make a steep fall; the
@@ -209,7 +269,10 @@ def range_test(
     optimizer = optim.optimizer
     check_steps(model)
     saved = _Saved(model, optim)
-    lrs, losses, smoothed = [], [], []
+    lrs: list[float] = []
+    losses: list[float] = []
+    smoothed: list[float] = []
+    ratios: list[float] = []
     diverged = False
     try:
         average, best = 0.0, math.inf
@@ -221,12 +284,12 @@ def range_test(
                 break
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss = _step(model, optim, device, batch, index)
-            value = float(loss.detach())
+            value, ratio = _step(model, optim, device, batch, index)
             average = smoothing * average + (1 - smoothing) * value
             current = average / (1 - smoothing ** (index + 1)) if smoothing else value
             lrs.append(lr)
             losses.append(value)
+            ratios.append(ratio)
             smoothed.append(current if math.isfinite(value) else math.nan)
             if not math.isfinite(value) or (index > 0 and current > diverge * best):
                 diverged = True
@@ -236,17 +299,28 @@ def range_test(
         saved.restore(model, optim)
     if not lrs:
         raise TrainingError("lr_find: the training data loader yielded no batch.")
-    result = LrFinderResult(lrs, losses, smoothed, suggest(lrs, smoothed, mode), mode, diverged)
+    edge = stability_edge(lrs, ratios) or (lrs[-1] if diverged else None)
+    suggestion = suggest(lrs, smoothed, mode, ratios, diverged)
+    result = LrFinderResult(
+        lrs, losses, smoothed, suggestion, mode, diverged, ratios=ratios, edge=edge
+    )
     result.path = _write(Artifacts(artifact_dir), result)
     return result
 
 
+MEASURABLE = 1e-6
+"""A step's promised decrease smaller than this share of its loss is not measured (the
+loss's own rounding would decide its ratio)."""
+
+
 def _step(
     model: Any, optim: Optimization, device: torch.device, batch: Any, index: int
-) -> torch.Tensor:
-    """One optimizer step on `batch` at the rate already set; its loss."""
+) -> tuple[float, float]:
+    """One optimizer step on `batch` at the rate already set: its loss, and the ratio of
+    the loss it removed from `batch` to the loss its gradient promised to remove."""
     if device.type != "cpu":
         batch = to_device(batch, device)
+    rng = capture_rng_state()
     try:
         with optim.autocast():
             output = model.train_step(batch)
@@ -260,14 +334,33 @@ def _step(
     if index == 0:
         check_train_output(model, output)
     loss = output.loss
-    if not torch.isfinite(loss.detach()):
+    value = float(loss.detach())
+    if not math.isfinite(value):
         optim.skip()
-        return loss
+        return value, math.nan
     optim.backward(loss, 1.0)
     if optim.closes:  # L-BFGS: this was the closure's first evaluation
         optim.closure = optim.reevaluation(lambda: model.train_step(batch).loss, loss, 1.0)
+    params = [p for p in model.parameters() if p.grad is not None]
+    scale = float(optim.scaler.get_scale()) if optim.scaler is not None else 1.0
+    grads = [p.grad.detach().clone() for p in params]  # type: ignore[union-attr]
+    before = [p.detach().clone() for p in params]
     optim.bare_step()
-    return loss
+    with torch.no_grad():
+        moves = torch._foreach_sub([p.detach() for p in params], before)
+        promised = sum(float(torch.sum(g.double() * m.double())) for g, m in zip(grads, moves))
+    promised /= scale
+    del grads, before, moves
+    if not promised < -MEASURABLE * abs(value):
+        return value, math.nan
+    after = capture_rng_state()
+    restore_rng_state(rng)  # the same random numbers: dropout draws the same masks
+    try:
+        with torch.no_grad(), optim.autocast():
+            again = float(model.train_step(batch).loss)
+    finally:
+        restore_rng_state(after)
+    return value, (again - value) / promised
 
 
 class _Saved:

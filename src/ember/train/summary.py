@@ -39,6 +39,32 @@ def epoch_values(
     return series
 
 
+def point_values(directory: str | os.PathLike[str]) -> dict[str, list[tuple[int, int, float]]]:
+    """Per metric file name: the values of the validations inside epochs
+    (`valid_every`) as (epoch, training batches before it, value), in order. Each is
+    the weighted mean of its `valid/epoch-N/iteration-K/<Metric>.log`, or the history's
+    exact value where the history has the point (whole-set metrics such as AUROC)."""
+    artifacts = Artifacts(directory)
+    exact: dict[tuple[int, int, str], float] = {}
+    saved = artifacts.saved_history
+    if saved is not None:
+        for epoch, iteration, values in RunHistory.load(saved).points:
+            for name, value in values.get("valid", {}).items():
+                exact[(epoch, iteration, metric_stem(name))] = value
+    series: dict[str, list[tuple[int, int, float]]] = {}
+    for epoch in sorted(artifacts.epoch_dirs("valid")):
+        for iteration, folder in sorted(artifacts.point_dirs(epoch).items()):
+            for path in sorted(folder.glob("*.log")):
+                found = exact.get((epoch, iteration, path.stem))
+                if found is None:
+                    lines = read_metric_log(path)
+                    if not lines:
+                        continue
+                    found = weighted_mean(lines)
+                series.setdefault(path.stem, []).append((epoch, iteration, found))
+    return series
+
+
 @dataclass(frozen=True)
 class MetricSummary:
     split: str

@@ -36,7 +36,6 @@ from ember.train.build.values import (
     positive_int,
     resume_point,
     summary_depth,
-    time_limit,
     train_length,
     valid_cadence,
 )
@@ -46,6 +45,7 @@ from ember.train.checkpoint.strategy import CheckpointingStrategy
 from ember.train.distributed import world_size
 from ember.train.early_stopping import EarlyStoppingStrategy, PruningStrategy
 from ember.train.events import Listener
+from ember.train.length.cadence import time_limit
 from ember.train.length.duration import Duration
 from ember.train.length.interrupter import Interrupter
 from ember.train.logger.base import MetricLogger
@@ -415,14 +415,16 @@ class LearnerBuilder:
         self._state.every = checkpoint_interval(steps, minutes, self._state.every_count)
         return self
 
-    def max_time(self, *, hours: float = 0, minutes: float = 0) -> LearnerBuilder:
-        """Stop at the first step boundary once `hours` + `minutes` of wall time passed
-        since `fit` began, with a checkpoint (mid-epoch, or the epoch end's). The outcome
-        is "stopped: time limit reached (max_time ...)" (`StopReason.TIME_LIMIT`) and
+    def max_time(
+        self, *, hours: float = 0, minutes: float = 0, seconds: float = 0
+    ) -> LearnerBuilder:
+        """Stop at the first step boundary once `hours` + `minutes` + `seconds` of wall
+        time passed since `fit` began, with a checkpoint (mid-epoch, or the epoch end's).
+        The outcome is "stopped: time limit reached (max_time ...)" (`StopReason.TIME_LIMIT`) and
         `exit_code` 75 (EX_TEMPFAIL: run the same command again, with
         `checkpoint("auto")`, to go on). With `preemption(requeue=True)` under SLURM the
         job is requeued. Under several processes rank 0's clock decides for all."""
-        self._state.max_time = time_limit(hours, minutes)
+        self._state.max_time = time_limit(hours, minutes, seconds)
         return self
 
     def interrupter(self) -> Interrupter:

@@ -208,15 +208,3 @@ def checkpoint_interval(
         None if minutes is None else 60 * positive_number(minutes, "checkpoint_every(minutes=...)")
     )
     return every, seconds
-
-
-def time_limit(hours: Any, minutes: Any) -> float:
-    """`max_time`'s limit in seconds."""
-    from ember.train.length.cadence import positive_number
-
-    for value, what in ((hours, "hours"), (minutes, "minutes")):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ConfigError(f"max_time({what}=...) must be a number >= 0, got {value!r}.")
-    return positive_number(
-        3600 * hours + 60 * minutes, "max_time(hours=..., minutes=...) in seconds"
-    )

@@ -13,7 +13,8 @@ from ember.train.callbacks.base import Callback, Context
 class EMA(Callback):
     """Shadow weights that follow the model: `shadow = d * shadow + (1 - d) * weight`
     after every `every`-th optimizer step, with `d = min(decay, (1 + n) / (10 + n))`
-    where `n` counts the updates so far (`warmup=False`: `d = decay` from the start).
+    where `n` is the number of updates made before this one: 0 for the first update,
+    whose `d` is 0.1 (`warmup=False`: `d = decay` from the start).
 
     The shadow holds every floating-point parameter and buffer of the model, on the
     model's device; other buffers (counts such as BatchNorm's `num_batches_tracked`) are

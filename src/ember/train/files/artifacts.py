@@ -153,6 +153,11 @@ class Artifacts:
         return self.root
 
     @property
+    def wandb_files(self) -> Path:
+        """`wandb/`: W&B's own files, its offline runs (`offline-run-*`) among them."""
+        return self.wandb_dir / "wandb"
+
+    @property
     def lock(self) -> Path:
         return self.root / ".lock"
 
@@ -283,7 +288,8 @@ class Artifacts:
 
     def prepare(self, resume_epoch: int | None, overwrite: bool) -> None:
         """Make the directory ready: a fresh run (`resume_epoch` None) needs it free of
-        an earlier run (or `overwrite=True`); a resumed run keeps the logs of epochs
+        an earlier run (or `overwrite=True`, which removes the earlier run's logs,
+        checkpoints, records and W&B files); a resumed run keeps the logs of epochs
         <= `resume_epoch` only. Temporaries left by a killed write are removed."""
         self.check_writable()
         for directory in (self.root, self.checkpoints):
@@ -311,7 +317,9 @@ class Artifacts:
                     f"{', checkpoints' if has_checkpoints else ''}). {fix}"
                 )
             if overwrite:  # a new run: nothing of an earlier one is kept (a failed one included)
-                for path in [*splits, checkpoints]:
+                # W&B's own files go too: `wandb sync .../offline-run-*` would upload the
+                # earlier run's offline runs along with the new one.
+                for path in [*splits, checkpoints, self.wandb_files]:
                     shutil.rmtree(path, ignore_errors=True)
                 for file in (
                     self.experiment_log,

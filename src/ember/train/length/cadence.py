@@ -39,6 +39,18 @@ def positive_number(value: Any, what: str) -> float:
     return float(value)
 
 
+def time_limit(hours: Any = 0, minutes: Any = 0, seconds: Any = 0) -> float:
+    """`max_time`'s limit in seconds: `hours` + `minutes` + `seconds`, each a number >= 0,
+    together more than none."""
+    for value, what in ((hours, "hours"), (minutes, "minutes"), (seconds, "seconds")):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ConfigError(f"max_time({what}=...) must be a number >= 0, got {value!r}.")
+    return positive_number(
+        3600 * hours + 60 * minutes + seconds,
+        "max_time(hours=..., minutes=..., seconds=...) in seconds",
+    )
+
+
 class Cadence:
     """When to checkpoint inside an epoch (`steps`, `seconds` since the last checkpoint)
     and when to stop (`limit`: seconds since `start`). None: never."""

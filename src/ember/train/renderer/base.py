@@ -29,6 +29,20 @@ class RunInfo:
     model_summary: str = ""
     """The model summary table and its warnings (`ModelSummary`), shown once at the
     top of the output; empty when the summary is off."""
+    evaluation: str | None = None
+    """The name of the evaluation this is (`Evaluator.eval`, `Learner.evaluate`), whose
+    one pass over a data set renderers show as "evaluating 'name'"; None for training."""
+
+    @property
+    def activity(self) -> str:
+        """What the run does, in words: "training" or "evaluating 'name'"."""
+        return "training" if self.evaluation is None else f"evaluating {self.evaluation!r}"
+
+    @property
+    def noun(self) -> str:
+        """What ends, in words: "training" ("training completed") or "evaluation
+        'name'" ("evaluation 'test' failed")."""
+        return "training" if self.evaluation is None else f"evaluation {self.evaluation!r}"
 
 
 @dataclass(frozen=True)

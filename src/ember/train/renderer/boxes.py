@@ -10,7 +10,7 @@ from rich.cells import cell_len, set_cell_size
 
 from ember.train.renderer.charts import Line
 
-SPLIT_STYLES = {"train": "cyan", "valid": "magenta"}
+SPLIT_STYLES = {"train": "cyan", "valid": "magenta", "test": "green"}
 BORDER = "grey42"
 LABEL = "grey62"
 

@@ -25,11 +25,14 @@ _BLOCKS = np.array([ord(c) for c in " ▁▂▃▄▅▆▇█"], dtype=np.uint3
 
 @dataclass(frozen=True)
 class Series:
-    """One curve: x and y values (x ascending) and the rich style it is drawn in."""
+    """One curve: x and y values (x ascending) and the rich style it is drawn in; with
+    a `marker` (one character, e.g. "●"), a mark in the cell of each point instead of
+    a line (drawn over the curves)."""
 
     x: Sequence[float] | np.ndarray
     y: Sequence[float] | np.ndarray
     style: str
+    marker: str = ""
 
 
 def tick(value: float, digits: int = 0) -> str:
@@ -183,8 +186,9 @@ def line_chart(
     caption: str = "",
     empty: str = "waiting for values",
 ) -> list[Line]:
-    """Curves in braille dots (2 x 4 per cell), points in one dot column averaged, with
-    a y axis at the left and an x axis line at the bottom."""
+    """Curves in braille dots (2 x 4 per cell), points in one dot column averaged, and
+    marker series as one character per point, with a y axis at the left and an x axis
+    line at the bottom."""
     plot_w, plot_h = width - LABEL_WIDTH, height - 1
     if plot_w < 4 or plot_h < 2:
         return blank(width, height)
@@ -204,8 +208,12 @@ def line_chart(
     y_scale = (dots_h - 1) / (high - low)
     bits = np.zeros((plot_h, plot_w), dtype=np.uint32)
     owners = np.full((plot_h, plot_w), -1, dtype=np.int64)
+    marks: list[tuple[int, np.ndarray, np.ndarray]] = []
     for index, (xs, ys) in enumerate(curves):
         if not ys.size:
+            continue
+        if series[index].marker:
+            marks.append((index, xs, ys))
             continue
         columns = np.rint((xs - x0) * x_scale).astype(np.int64)
         inside = (columns >= 0) & (columns < dots_w)
@@ -230,6 +238,12 @@ def line_chart(
         np.bitwise_or.at(bits, (cell_y, cell_x), _DOT_BITS[dot_x & 1, dot_y & 3])
         owners[cell_y, cell_x] = index
     codepoints = np.where(bits > 0, bits + 0x2800, 0x20)
+    for index, xs, ys in marks:
+        cell_x = np.rint((xs - x0) * x_scale).astype(np.int64) >> 1
+        cell_y = ((dots_h - 1) - np.rint((ys - low) * y_scale)).astype(np.int64) >> 2
+        inside = (cell_x >= 0) & (cell_x < plot_w) & (cell_y >= 0) & (cell_y < plot_h)
+        codepoints[cell_y[inside], cell_x[inside]] = ord(series[index].marker[0])
+        owners[cell_y[inside], cell_x[inside]] = index
     labels = _labels(plot_h, low, high)
     runs = _runs(codepoints, owners, [curve.style for curve in series])
     lines = [[(label, AXIS_STYLE), *run] for label, run in zip(labels, runs)]

@@ -1,26 +1,45 @@
-"""Text formatting shared by renderers."""
+"""Text formatting shared by everything that shows a number to a person: the renderers,
+`ember plot`, `ember compare` and the learning-rate finder's chart.
+
+One rule for every value: 4 significant digits (`significant`), in fixed point from
+0.001 to below 10,000 ("0.2166", "94.00", "100.0", "1235") and in scientific notation
+with a short exponent outside it ("4.886e-4", "1.235e5"), so that a column of values
+reads alike whatever their size.
+"""
 
 from __future__ import annotations
 
 import math
 
+DIGITS = 4
+"""Significant digits of every value shown."""
+
+
+def significant(value: float, digits: int = DIGITS) -> str:
+    """`value` to `digits` significant digits: "0" for zero, fixed point from 0.001 to
+    below 10,000 ("0.01000", "98.75", "100.0"), else "4.886e-4", "-1.235e5"; "nan",
+    "inf", "-inf" as such."""
+    value = float(value)
+    if not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if value == 0:
+        return "0"
+    mantissa, exponent_text = f"{value:.{digits - 1}e}".split("e")
+    exponent = int(exponent_text)  # after rounding: 9999.7 is 1.000e4
+    if -3 <= exponent < 4:
+        return f"{value:.{max(0, digits - 1 - exponent)}f}"
+    return f"{mantissa}e{exponent}"
+
 
 def format_number(value: float | str | None, unit: str = "") -> str:
-    """A compact, readable number with its unit ("91.23 %", "0.2812", "1.2e-05")."""
+    """A value as people read it: `significant` digits and its unit ("91.23 %",
+    "0.2812", "1.200e-5"); "-" for None, text as it is."""
     if value is None:
         return "-"
     if isinstance(value, str):
         return value
-    if math.isnan(value):
-        return "nan"
-    magnitude = abs(value)
-    if magnitude != 0 and (magnitude >= 1e5 or magnitude < 1e-3):
-        text = f"{value:.3e}"
-    elif magnitude >= 100:
-        text = f"{value:.2f}"
-    else:
-        text = f"{value:.4f}"
-    return f"{text} {unit}".rstrip() if unit else text
+    text = significant(value)
+    return f"{text} {unit}" if unit else text
 
 
 def format_duration(seconds: float) -> str:
@@ -34,24 +53,10 @@ def format_duration(seconds: float) -> str:
 
 
 def format_compact(value: float | str | None) -> str:
-    """A number in at most 7 characters (8 when negative), without its unit: "0.5123",
-    "91.23", "123.4", "12346", "1.23e-5" (for tables on narrow terminals)."""
+    """A value without its unit, in at most 8 characters (9 when negative): the
+    digits of `format_number` ("0.5123", "91.23", "1.235e5", "1.230e-5")."""
     if value is None:
         return "-"
     if isinstance(value, str):
         return value
-    if not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if value == 0:
-        return "0"
-    magnitude = abs(value)
-    if magnitude >= 99999.5 or magnitude < 1e-3:
-        mantissa, exponent = f"{value:.2e}".split("e")
-        return f"{mantissa}e{int(exponent)}"
-    if magnitude >= 999.95:
-        return f"{value:.0f}"
-    if magnitude >= 99.995:
-        return f"{value:.1f}"
-    if magnitude >= 9.99995:
-        return f"{value:.2f}"
-    return f"{value:.4f}"
+    return significant(value)

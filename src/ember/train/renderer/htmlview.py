@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -22,20 +22,23 @@ from ember.train.renderer.charts import tick_labels, y_range
 from ember.train.renderer.format import format_duration, format_number
 from ember.train.renderer.history import HistoryView
 from ember.train.renderer.state import (
-    METRIC_COLUMNS,
     SPLITS,
+    Mark,
     MetricSeries,
     Snapshot,
     cell_text,
+    column_label,
+    columns,
     metric_rows,
 )
 
-COLOURS = {"train": "#2b8cd6", "valid": "#d1439b"}
+COLOURS = {"train": "#2b8cd6", "valid": "#d1439b", "test": "#d98a1c"}
 TOTAL_COLOUR = "#3a9d55"
 FRAME = "rgba(128,128,128,0.35)"
 TRACK = "rgba(128,128,128,0.22)"
 TINTS = {
     "training": "rgba(43,140,214,0.22)",
+    "evaluating": "rgba(43,140,214,0.22)",
     "completed": "rgba(58,157,85,0.25)",
     "stopping": "rgba(226,160,20,0.28)",
     "stopped": "rgba(226,160,20,0.28)",
@@ -50,12 +53,15 @@ POINTS = 120
 MARKERS = 24
 """The most epoch markers per split; a longer run draws its epoch values as a dashed line."""
 MAX_TICKS = 6
-MARKER_RADIUS = {"train": 3, "valid": 4}
+MARKER_RADIUS = {"train": 3, "valid": 4, "test": 4}
 MARKER_STYLE = {
     "train": 'fill="{colour}"',
     "valid": 'fill="none" stroke="{colour}" stroke-width="1.6"',
+    "test": 'fill="none" stroke="{colour}" stroke-width="1.6"',
 }
 """Train epoch values as dots, valid ones as rings around them: both show where they meet."""
+POINT_SIZE = 3.5
+"""Half the diagonal of the diamond that marks a validation inside an epoch."""
 
 
 def escape(text: object) -> str:
@@ -66,15 +72,15 @@ def state(snapshot: Snapshot) -> str:
     """The run's state: training, "stopping: <why>", or how it ended (`end`'s reason)."""
     if snapshot.reason is not None:
         return snapshot.reason
-    return snapshot.notice or "training"
+    return snapshot.notice or snapshot.info.activity
 
 
 def table_rows(snapshot: Snapshot) -> list[tuple[str, list[str]]]:
-    """(metric name, its four formatted cells in `METRIC_COLUMNS` order) per metric."""
+    """(metric name, its formatted cells in `columns` order) per metric."""
     rows = []
     for name, unit, splits in metric_rows(snapshot):
         cells = [
-            cell_text(snapshot, splits.get(split), kind, unit) for split, kind in METRIC_COLUMNS
+            cell_text(snapshot, splits.get(split), kind, unit) for split, kind in columns(snapshot)
         ]
         rows.append((name, cells))
     return rows
@@ -92,7 +98,7 @@ def _progress_texts(snapshot: Snapshot) -> tuple[str, float, str, str]:
         within = progress.iteration / total if total else 0.0
         position = (
             f"iteration {progress.iteration}{f'/{total}' if total else ''} · "
-            f"{progress.items_per_second:,.0f} items/s"
+            f"{progress.split} {progress.items_per_second:,.0f} items/s"
         )
     if snapshot.reason is not None:
         timing = f"took {format_duration(snapshot.elapsed)}"
@@ -115,7 +121,7 @@ def plain(snapshot: Snapshot) -> str:
     ]
     rows = table_rows(snapshot)
     if rows:
-        head = ["metric", *(f"{split} {kind}" for split, kind in METRIC_COLUMNS)]
+        head = ["metric", *(column_label(snapshot, s, kind) for s, kind in columns(snapshot))]
         table = [head, *([name, *cells] for name, cells in rows)]
         widths = [max(len(row[column]) for row in table) for column in range(len(head))]
         for row in table:
@@ -195,10 +201,10 @@ def table(snapshot: Snapshot) -> str:
     if not rows:
         return '<div style="margin-top:8px;opacity:0.7">no metric registered</div>'
     head = [f'<th style="{_CELL}text-align:left;border-bottom:1px solid {FRAME}">metric</th>']
-    for split, kind in METRIC_COLUMNS:
+    for split, kind in columns(snapshot):
         head.append(
             f'<th style="{_CELL}text-align:right;border-bottom:2px solid {COLOURS[split]}">'
-            f"{split} {kind}</th>"
+            f"{escape(column_label(snapshot, split, kind))}</th>"
         )
     body = []
     for name, cells in rows:
@@ -214,15 +220,17 @@ def table(snapshot: Snapshot) -> str:
     )
 
 
-def legend() -> str:
+def legend(splits: tuple[str, ...] = ("train", "valid")) -> str:
+    """The colour of each of `splits`, and what lines and markers stand for."""
     keys = "".join(
         f'<span><span style="display:inline-block;width:16px;height:3px;vertical-align:middle;'
         f'background:{COLOURS[split]}"></span> {split}</span>'
-        for split in SPLITS
+        for split in splits
     )
     return (
         '<div style="display:flex;flex-wrap:wrap;gap:4px 16px;margin:6px 0 4px;font-size:12px;'
-        f'opacity:0.85">{keys}<span>lines: iteration values · dots and rings: epoch values</span></div>'
+        f'opacity:0.85">{keys}<span>lines: iteration values · dots and rings: epoch values · '
+        "diamonds: validations inside epochs</span></div>"
     )
 
 
@@ -232,7 +240,7 @@ def charts(snapshot: Snapshot, series: Mapping[str, MetricSeries], hidden: int =
         return ""
     start = float(snapshot.info.start_epoch - 1)
     figures = []
-    for name, (histories, epochs) in series.items():
+    for name, (histories, epochs, points) in series.items():
         unit = snapshot.units.get(name, "")
         title = escape(name) + (
             f' <span style="opacity:0.6;font-weight:400">({escape(unit)})</span>' if unit else ""
@@ -240,7 +248,7 @@ def charts(snapshot: Snapshot, series: Mapping[str, MetricSeries], hidden: int =
         figures.append(
             f'<div style="border:1px solid {FRAME};border-radius:4px;padding:4px 6px 2px">'
             f'<div style="font-weight:600;font-size:12px">{title}</div>'
-            f"{chart(name, histories, epochs, start, unit)}</div>"
+            f"{chart(name, histories, epochs, start, unit, points)}</div>"
         )
     more = (
         f'<div style="margin-top:4px;font-size:12px;opacity:0.7">{hidden} more numeric '
@@ -248,9 +256,11 @@ def charts(snapshot: Snapshot, series: Mapping[str, MetricSeries], hidden: int =
         if hidden
         else ""
     )
+    drawn = {split for histories, epochs, _ in series.values() for split in [*histories, *epochs]}
+    splits = tuple(split for split in SPLITS if split in drawn) or ("train", "valid")
     return (
-        f'{legend()}<div style="display:flex;flex-wrap:wrap;gap:10px">{"".join(figures)}</div>'
-        f"{more}"
+        f'{legend(splits)}<div style="display:flex;flex-wrap:wrap;gap:10px">'
+        f"{''.join(figures)}</div>{more}"
     )
 
 
@@ -359,15 +369,33 @@ def _epoch_marks(plot: _Plot, split: str, values: list[tuple[int, float]], unit:
     return f"<g {MARKER_STYLE[split].format(colour=colour)}>{circles}</g>"
 
 
+def _point_marks(plot: _Plot, points: Sequence[Mark], unit: str) -> str:
+    """The validations inside epochs: a diamond each, where it ran and its value as its
+    tooltip ("valid (epoch 2, iteration 400): 0.1286"); the latest `MARKERS` * 4."""
+    shown = points[-MARKERS * 4 :]
+    x = plot.x(np.array([at for at, _, _ in shown]))
+    y = plot.y(np.array([value for _, value, _ in shown]))
+    d = POINT_SIZE
+    diamonds = "".join(
+        f'<path d="M{cx:.1f} {cy - d:.1f}L{cx + d:.1f} {cy:.1f}L{cx:.1f} {cy + d:.1f}'
+        f'L{cx - d:.1f} {cy:.1f}Z"><title>valid ({escape(where)}): '
+        f"{escape(format_number(value, unit))}</title></path>"
+        for cx, cy, (_, value, where) in zip(x.tolist(), y.tolist(), shown)
+    )
+    return f'<g fill="{COLOURS["valid"]}" fill-opacity="0.85">{diamonds}</g>'
+
+
 def chart(
     name: str,
     histories: Mapping[str, HistoryView],
     epochs: Mapping[str, Mapping[int, float]],
     start: float,
     unit: str = "",
+    points: Sequence[Mark] = (),
 ) -> str:
     """One metric as an inline SVG: each split's iteration values (bucket means, thinned
-    to `POINTS`) as a line and its epoch values as markers; x in epochs from `start`."""
+    to `POINTS`) as a line, its epoch values as markers, and its values at validations
+    inside epochs (`points`, as (x, value)) as diamonds; x in epochs from `start`."""
     curves: list[tuple[str, np.ndarray, np.ndarray]] = []
     for split in SPLITS:
         history = histories.get(split)
@@ -381,7 +409,9 @@ def chart(
     }
     ends = [start + 1.0] + [float(x[-1]) for _, x, _ in curves]
     ends += [float(epoch) for values in marks.values() for epoch, _ in values]
+    ends += [x for x, _, _ in points]
     ys = [y for _, _, y in curves] + [np.array([v for _, v in m]) for m in marks.values() if m]
+    ys += [np.array([v for _, v, _ in points])] if points else []
     svg = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{CHART_WIDTH}" height="{CHART_HEIGHT}" '
         f'viewBox="0 0 {CHART_WIDTH} {CHART_HEIGHT}" role="img" aria-label="{escape(name)}" '
@@ -403,5 +433,7 @@ def chart(
     for split, values in marks.items():
         if values:
             parts.append(_epoch_marks(plot, split, values, unit))
+    if points:
+        parts.append(_point_marks(plot, points, unit))
     parts.append("</svg>")
     return "".join(parts)

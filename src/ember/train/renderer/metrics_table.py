@@ -1,6 +1,8 @@
-"""The dashboard's metrics panel: each metric's last and epoch values per split, in
-full where the panel is wide enough, else as short numbers with the least useful
-columns left out, scrolled to keep the selected metric in view."""
+"""The dashboard's metrics panel: each metric's last training value, its training
+epoch value and its latest validation value, each column saying which epoch (and
+point) its values belong to; in full where the panel is wide enough, else as short
+numbers with the least useful columns left out, scrolled to keep the selected metric
+in view."""
 
 from __future__ import annotations
 
@@ -10,18 +12,21 @@ from ember.train.renderer.boxes import BORDER, LABEL, SPLIT_STYLES, box, fit
 from ember.train.renderer.charts import Line
 from ember.train.renderer.format import format_compact
 from ember.train.renderer.state import (
-    METRIC_COLUMNS,
     SPLITS,
     Snapshot,
     cell_text,
+    column_label,
+    columns,
     metric_rows,
     shown_value,
+    value_epoch,
+    where_text,
 )
 
-_COLUMN_PRIORITY = (("train", "last"), ("valid", "last"), ("train", "epoch"), ("valid", "epoch"))
+_COLUMN_PRIORITY = (("train", "last"), ("valid", "epoch"), ("train", "epoch"))
 CELL = 12
-SHORT_CELL = 7
-"""The width of a short number ("0.5123", "1.23e-5"): columns keep it as values change."""
+SHORT_CELL = 8
+"""The width of a short number ("0.5123", "1.235e-5"): columns keep it as values change."""
 NAME_MIN = 10
 """The fewest cells a metric's name is cut to (with "…") before columns are left out."""
 Table = tuple[Line, Line, list[Line], int]
@@ -81,32 +86,36 @@ def _splits(snapshot: Snapshot, rows: list) -> list[str]:
     """The splits the table has columns for: those with a metric (both when none has)."""
     present = {split for _, _, splits in rows for split in splits}
     present |= {split for split, _, _, _ in snapshot.info.metrics}
-    return [split for split in SPLITS if split in present] or list(SPLITS)
+    return [split for split in SPLITS if split in present] or ["train", "valid"]
 
 
 def _table(snapshot: Snapshot, rows: list, inner: int) -> Table:
     """The metrics table in `inner` cells. Every value is shown whole: in full with its
-    unit ("91.2345 %") under headers "train last" ... where that fits, else as short
-    numbers (`_short_table`)."""
+    unit ("91.23 %") under headers "train last", "train (epoch 3)", "valid (epoch 2,
+    iteration 400)" where that fits, else as short numbers (`_short_table`)."""
     splits = _splits(snapshot, rows)
-    columns = [column for column in METRIC_COLUMNS if column[0] in splits]
+    shown = [column for column in columns(snapshot) if column[0] in splits]
     need = max((2 + cell_len(name) for name, _, _ in rows), default=8)  # "▸ " + name
+    labels = [column_label(snapshot, split, kind) for split, kind in shown]
     full = [
         [cell_text(snapshot, row_splits.get(split), kind, unit) for _, unit, row_splits in rows]
-        for split, kind in columns
+        for split, kind in shown
     ]
-    widths = [max([CELL - 1, *(cell_len(text) for text in texts)]) for texts in full]
+    widths = [
+        max([CELL - 1, cell_len(label), *(cell_len(text) for text in texts)])
+        for label, texts in zip(labels, full)
+    ]
     name_w = inner - sum(1 + w for w in widths)
     if need > name_w:
-        return _short_table(snapshot, rows, inner, splits, columns, need)
+        return _short_table(snapshot, rows, inner, splits, shown, need)
     head: Line = [(set_cell_size("  metric", name_w), "bold")]
-    head += [(f" {split} {kind}".rjust(1 + w), "bold") for (split, kind), w in zip(columns, widths)]
+    head += [(f" {label}".rjust(1 + w), "bold") for label, w in zip(labels, widths)]
     lines = []
     for index, (name, _, _) in enumerate(rows):
         line = _name_cell(snapshot, name, "", name_w)
         line += [
             (" " + texts[index].rjust(w), SPLIT_STYLES[split])
-            for (split, _), texts, w in zip(columns, full, widths)
+            for (split, _), texts, w in zip(shown, full, widths)
         ]
         lines.append(line)
     return [("metrics", "bold")], head, lines, 0
@@ -120,10 +129,12 @@ def _short_table(
     columns: list[tuple[str, str]],
     need: int,
 ) -> Table:
-    """The metrics table with values in at most 7 characters ("91.23", "1.23e-5") under
-    "last" and "epoch", each split named in the box's top border above its columns, and
-    units after the metrics' names where they fit. Names that still do not fit are cut
-    with "…"; only then are columns left out, the least useful first."""
+    """The metrics table with values in at most 8 characters ("91.23", "1.235e-5")
+    under "last" and the epoch the values belong to ("epoch 3", "ep 2 it 400": the
+    validation after 400 training batches of epoch 2), each split named in the box's
+    top border above its columns, and units after the metrics' names where they fit.
+    Names that still do not fit are cut with "…"; only then are columns left out, the
+    least useful first."""
     short = [
         [
             format_compact(shown_value(snapshot, row_splits[split], kind))
@@ -133,14 +144,21 @@ def _short_table(
         ]
         for split, kind in columns
     ]
-    widths = [max([SHORT_CELL, *(cell_len(text) for text in texts)]) for texts in short]
+    heads = [
+        "last" if kind == "last" else where_text(value_epoch(snapshot, split), True) or "epoch"
+        for split, kind in columns
+    ]
+    widths = [
+        max([SHORT_CELL, cell_len(head), *(cell_len(text) for text in texts)])
+        for head, texts in zip(heads, short)
+    ]
     kept = list(range(len(columns)))
     dropping = [columns.index(c) for c in reversed(_COLUMN_PRIORITY) if c in columns]
     while kept and min(need, NAME_MIN) + sum(1 + widths[i] for i in kept) > inner:
         kept.remove(dropping.pop(0))
     name_w = max(1, inner - sum(1 + widths[i] for i in kept))
     head: Line = [(set_cell_size("  metric", name_w), "bold")]
-    head += [(columns[i][1].rjust(1 + widths[i]), "bold") for i in kept]
+    head += [(heads[i].rjust(1 + widths[i]), "bold") for i in kept]
     lines = []
     for index, (name, unit, _) in enumerate(rows):
         line = _name_cell(snapshot, name, unit, name_w)

@@ -95,7 +95,7 @@ def _compact(snapshot: Snapshot, rows: list, width: int, height: int, status_w: 
 
 def header(snapshot: Snapshot, width: int) -> Line:
     info = snapshot.info
-    state = snapshot.reason if snapshot.reason is not None else "training"
+    state = snapshot.reason if snapshot.reason is not None else info.activity
     if snapshot.reason is None and snapshot.notice:
         state = "stopping"
     right = f" {state} "
@@ -119,8 +119,12 @@ def status_panel(snapshot: Snapshot, width: int, height: int) -> list[Line]:
         rows.append(("mode", "starting", ""))
         rows.append(("epoch", f"{info.start_epoch}/{info.num_epochs}", ""))
     else:
-        rows.append(("mode", progress.split, f"bold {SPLIT_STYLES.get(progress.split, '')}"))
-        rows.append(("epoch", f"{progress.epoch}/{progress.num_epochs}", ""))
+        style = f"bold {SPLIT_STYLES.get(progress.split, '')}"
+        if info.evaluation is not None:  # one pass over a data set: no epochs
+            rows.append(("mode", "evaluating", style))
+        else:
+            rows.append(("mode", progress.split, style))
+            rows.append(("epoch", f"{progress.epoch}/{progress.num_epochs}", ""))
         total = f"/{progress.num_iterations}" if progress.num_iterations else ""
         rows.append(("iteration", f"{progress.iteration}{total}", ""))
         rows.append(("items", f"{progress.items:,}", ""))
@@ -141,31 +145,39 @@ def _bar(fraction: float, width: int, style: str) -> Line:
 
 def progress_panel(snapshot: Snapshot, width: int) -> list[Line]:
     progress = snapshot.progress
-    bar_w = max(4, width - 4 - 51)
+    bar_w = max(4, width - 4 - 57)
     if progress is None:
-        fraction, label, style, rate = 0.0, "starting", "cyan", ""
+        fraction, label, style, rate = 0.0, "starting", "cyan", "loading the first batch"
     else:
         total = progress.num_iterations
         fraction = progress.iteration / total if total else 0.0
         label = f"{progress.split} {progress.iteration}{f'/{total}' if total else ''}"
         style = SPLIT_STYLES.get(progress.split, "cyan")
-        rate = f"{progress.items_per_second:,.0f} items/s"
+        rate = speed_text(progress.split, progress.items_per_second)
     epoch_line: Line = [("epoch ", LABEL), *_bar(fraction, bar_w, style)]
-    epoch_line.append((f" {100 * fraction:5.1f}%  {label:<16} {rate:>18}", ""))
+    epoch_line.append((f" {100 * fraction:5.1f}%  {label:<16} {rate:>24}", ""))
     overall = snapshot.fraction or 0.0
     epoch = f"epoch {progress.epoch}/{progress.num_epochs}" if progress else ""
+    if snapshot.info.evaluation is not None:
+        epoch = repr(snapshot.info.evaluation)
     if snapshot.reason is not None:
         eta = f"took {format_duration(snapshot.elapsed)}"
     else:
         eta = f"eta {format_duration(snapshot.eta)}" if snapshot.eta is not None else "eta -"
     total_line: Line = [("total ", LABEL), *_bar(overall, bar_w, "green")]
-    total_line.append((f" {100 * overall:5.1f}%  {epoch:<16} {eta:>18}", ""))
+    total_line.append((f" {100 * overall:5.1f}%  {epoch:<16} {eta:>24}", ""))
     return box([("progress", "bold")], [epoch_line, total_line], width, PROGRESS_HEIGHT)
+
+
+def speed_text(split: str, items_per_second: float) -> str:
+    """A split's speed, named: "train 1,234 items/s"."""
+    return f"{split} {items_per_second:,.0f} items/s"
 
 
 def footer(snapshot: Snapshot, width: int) -> Line:
     if snapshot.closing:
-        return [(f" training {snapshot.reason} · press any key to close ", "bold reverse")]
+        ended = f" {snapshot.info.noun} {snapshot.reason} · press any key to close "
+        return [(ended, "bold reverse")]
     if snapshot.prompt:
         return [
             (" stop the run? ", "bold reverse"),
@@ -177,7 +189,7 @@ def footer(snapshot: Snapshot, width: int) -> Line:
             (" cancel", ""),
         ]
     if snapshot.reason is not None:
-        return [(f" training {snapshot.reason}", "bold")]
+        return [(f" {snapshot.info.noun} {snapshot.reason}", "bold")]
     if snapshot.notice:
         return [(f" {snapshot.notice} ", "bold yellow")]
     return [

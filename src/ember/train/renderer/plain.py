@@ -45,6 +45,7 @@ class PlainRenderer:
         self.interval = float(interval)
         self.stream = stream
         self._last = 0.0
+        self._info: RunInfo | None = None
 
     def _write(self, line: str) -> None:
         stream = self.stream if self.stream is not None else sys.stdout
@@ -53,12 +54,15 @@ class PlainRenderer:
 
     def start(self, info: RunInfo) -> None:
         self._last = time.monotonic()
+        self._info = info
         where = f"epoch {info.start_epoch}/{info.num_epochs}"
         if info.resumed and info.start_iteration:
             where += f", iteration {info.start_iteration}"
         first = "resuming at" if info.resumed or info.start_epoch > 1 else "training"
+        if info.evaluation is not None:  # one pass, no epochs
+            first, where = info.activity, ""
         self._write(
-            f"{first} {where}: {info.model_name} "
+            f"{first}{f' {where}' if where else ''}: {info.model_name} "
             f"({info.num_parameters:,} parameters) on {', '.join(info.devices)}; "
             f"artifacts in {info.artifact_dir}"
         )
@@ -82,16 +86,24 @@ class PlainRenderer:
         values = _values(progress.split, metrics)
         run = f"  {progress.run}" if progress.run else ""
         self._write(
-            f"{progress.split:<5} epoch {progress.epoch}/{progress.num_epochs}  {position}{run}  "
+            f"{self._where(progress)}  {position}{run}  "
             f"{progress.items_per_second:,.0f} items/s{eta}  {values}".rstrip()
         )
+
+    def _where(self, progress: Progress) -> str:
+        """ "train epoch 2/5", or "evaluating 'test'" for an evaluation."""
+        if self._info is not None and self._info.evaluation is not None:
+            return self._info.activity
+        return f"{progress.split:<5} epoch {progress.epoch}/{progress.num_epochs}"
 
     def end_split(self, progress: Progress, metrics: Sequence[MetricView]) -> None:
         values = _values(progress.split, metrics)
         run = f" ({progress.run})" if progress.run and progress.split == "train" else ""
+        what = self._where(progress)
+        if self._info is not None and self._info.evaluation is not None:
+            what = self._info.noun
         self._write(
-            f"{progress.split:<5} epoch {progress.epoch}/{progress.num_epochs} done: "
-            f"{progress.iteration} iterations, {progress.items:,} items{run} in "
+            f"{what} done: {progress.iteration} iterations, {progress.items:,} items{run} in "
             f"{format_duration(progress.elapsed)}  {values}".rstrip()
         )
         self._last = time.monotonic()
@@ -112,7 +124,10 @@ class PlainRenderer:
         self._write(f"warning: {text}")
 
     def end(self, reason: str) -> None:
-        self._write(f"training {reason}")
+        info, self._info = self._info, None
+        if info is not None and info.evaluation is not None and reason == "completed":
+            return  # "evaluation 'name' done" said it
+        self._write(f"{info.noun if info is not None else 'training'} {reason}")
 
 
 def _values(split: str, metrics: Sequence[MetricView]) -> str:

@@ -11,7 +11,10 @@ from rich.cells import cell_len
 from ember.train.renderer.boxes import SPLIT_STYLES, beside, box, fit
 from ember.train.renderer.charts import Line, Series, bar_chart, blank, line_chart
 from ember.train.renderer.format import format_number
-from ember.train.renderer.state import Snapshot
+from ember.train.renderer.state import SPLITS, Snapshot, column_label, shown_value
+
+MARKER = "●"
+"""How a validation's value is marked on the full-history chart."""
 
 
 def view_title(snapshot: Snapshot) -> str:
@@ -54,7 +57,7 @@ def matrix_tables(snapshot: Snapshot, width: int, height: int) -> list[Line]:
     """The selected matrix metric's latest count matrix per split (rows: target classes,
     columns: predicted classes), side by side when they fit, clipped to the panel."""
     tables: list[list[Line]] = []
-    for split in ("train", "valid"):
+    for split in SPLITS:
         found = snapshot.matrices.get(split)
         if found is None:
             continue
@@ -87,28 +90,51 @@ def matrix_tables(snapshot: Snapshot, width: int, height: int) -> list[Line]:
     return lines + blank(width, height - len(lines))
 
 
+def legend_entries(snapshot: Snapshot) -> list[tuple[str, str, str]]:
+    """The chart's legend, as (split, label, value): the training's last value and the
+    latest validation's, labelled and valued as the metrics table's columns are
+    ("train last", "valid (epoch 2, iteration 400)")."""
+    name = snapshot.selected
+    unit = snapshot.units.get(name or "", "")
+    views = {view.split: view for view in snapshot.views if view.name == name}
+    entries = []
+    for split, kind in (("train", "last"), ("valid", "epoch"), ("test", "epoch")):
+        view = views.get(split)
+        if view is not None:
+            value = shown_value(snapshot, view, kind)
+        elif split in snapshot.histories or split in snapshot.epoch_values:
+            history = snapshot.histories.get(split)  # no view yet: the values drawn
+            value = history.recent[-1] if history is not None and history.recent else None
+        else:
+            continue
+        if value is None and split == "valid":
+            continue  # no validation yet
+        entries.append((split, column_label(snapshot, split, kind), format_number(value, unit)))
+    return entries
+
+
 def _legend(snapshot: Snapshot) -> Line:
     line: Line = [(" ", "")]
-    unit = snapshot.units.get(snapshot.selected or "", "")
-    for split in ("train", "valid"):
-        history = snapshot.histories.get(split)
-        if history is None and split not in snapshot.epoch_values:
-            continue
-        last = history.recent[-1] if history is not None and history.recent else None
-        line.append(("━━ ", SPLIT_STYLES[split]))
-        line.append((f"{split} {format_number(last, unit)}   ", ""))
+    for split, label, value in legend_entries(snapshot):
+        mark = f"{MARKER} " if split == "valid" else "━━ "
+        line.append((mark, SPLIT_STYLES[split]))
+        line.append((f"{label} {value}   ", ""))
     return line
 
 
 def _history_chart(snapshot: Snapshot, width: int, height: int) -> list[Line]:
     series, ends = [], []
-    for split in ("train", "valid"):
+    for split in SPLITS:
         history = snapshot.histories.get(split)
         if history is None or not history.count:
             continue
         x, y = history.arrays()
         series.append(Series(x, y, SPLIT_STYLES[split]))
         ends.append(history.last_x or 0.0)
+    if snapshot.validations:  # every validation's value where it ran
+        xs, ys, _ = zip(*snapshot.validations)
+        series.append(Series(xs, ys, f"bold {SPLIT_STYLES['valid']}", marker=MARKER))
+        ends.append(max(xs))
     start = float(snapshot.info.start_epoch - 1)
     end = max(ends) if ends else start + 1.0
     if end <= start:
@@ -123,7 +149,7 @@ def _recent_chart(snapshot: Snapshot, width: int, height: int) -> list[Line]:
     windows = {split: h.recent for split, h in snapshot.histories.items() if h.recent}
     longest = max((len(values) for values in windows.values()), default=0)
     series = []
-    for split in ("train", "valid"):
+    for split in SPLITS:
         values = windows.get(split)
         if values:
             offset = longest - len(values)
@@ -149,9 +175,7 @@ def _epochs_chart(snapshot: Snapshot, width: int, height: int) -> list[Line]:
                 running[view.split] = view.epoch_value
         if running and progress.epoch not in epochs:
             epochs.append(progress.epoch)
-    splits = [
-        s for s in ("train", "valid") if s in values or s in running or s in snapshot.histories
-    ]
+    splits = [s for s in SPLITS if s in values or s in running or s in snapshot.histories]
     groups = []
     for epoch in epochs:
         bars: list[tuple[float | None, str]] = []

@@ -9,7 +9,7 @@ the training thread only.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from ember.train.logger.base import MetricRecord
@@ -17,11 +17,22 @@ from ember.train.renderer.base import MetricView, Progress, RunInfo
 from ember.train.renderer.format import format_number
 from ember.train.renderer.history import EpochValues, History, HistoryView
 
-SPLITS = ("train", "valid")
-METRIC_COLUMNS = (("train", "last"), ("train", "epoch"), ("valid", "last"), ("valid", "epoch"))
-"""The columns of a metrics table, as (split, kind of value) for `shown_value`."""
-MetricSeries = tuple[dict[str, HistoryView], dict[str, dict[int, float]]]
-"""One metric's iteration history and finished epoch values, per split."""
+SPLITS = ("train", "valid", "test")
+"""The splits a renderer shows: training and validation, or an evaluation's (`test`)."""
+METRIC_COLUMNS = (("train", "last"), ("train", "epoch"), ("valid", "epoch"))
+"""The columns of a metrics table, as (split, kind of value) for `shown_value`: the
+last training iteration's value, the training epoch's value, and the value of the
+latest validation (an epoch's end, or a point inside an epoch with `valid_every`),
+each headed by `column_label`."""
+VALIDATIONS_KEPT = 512
+"""The most validations a tracker keeps for the chart's markers (older ones thinned)."""
+Mark = tuple[float, float, str]
+"""A metric's value at one validation: (x in epochs, value, where: "epoch 2, iteration
+400"); a point inside epoch e after k of its n training batches is at x = e - 1 + k / n,
+the end of epoch e at x = e."""
+MetricSeries = tuple[dict[str, HistoryView], dict[str, dict[int, float]], tuple[Mark, ...]]
+"""One metric's iteration history and finished epoch values, per split, and its values
+at the validations inside epochs (`valid_every`)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,26 @@ class Snapshot:
     """The first row of the metrics table asked for (the table shows what fits from there)."""
     follow: bool = False
     """Whether the metrics table scrolls to show the `selected` metric."""
+    validations: tuple[Mark, ...] = ()
+    """The selected metric's value at each finished validation (points inside epochs
+    and epoch ends)."""
+    valid_at: tuple[int, int | None] | None = None
+    """The latest finished validation: (epoch, training batches done before it, None
+    for the epoch's end); None before the first."""
+    valid_values: dict[str, float] = field(default_factory=dict)
+    """Every validation metric's value at `valid_at`, by name."""
+    finished: dict[str, int] = field(default_factory=dict)
+    """The latest epoch each split finished."""
+
+
+EVALUATION_COLUMNS = (("test", "last"), ("test", "epoch"))
+"""The columns of an evaluation's metrics table: the last batch's value, and the value
+over the batches so far (over the whole set once it ends)."""
+
+
+def columns(snapshot: Snapshot) -> tuple[tuple[str, str], ...]:
+    """The metrics table's columns: `METRIC_COLUMNS`, or an evaluation's."""
+    return EVALUATION_COLUMNS if snapshot.info.evaluation is not None else METRIC_COLUMNS
 
 
 def metric_rows(snapshot: Snapshot) -> list[tuple[str, str, dict[str, MetricView]]]:
@@ -78,17 +109,62 @@ def cell_text(snapshot: Snapshot, view: MetricView | None, kind: str, unit: str)
     return format_number(shown_value(snapshot, view, kind), unit) if view is not None else ""
 
 
+def _running(snapshot: Snapshot, split: str) -> bool:
+    """Whether `split` is under way (its epoch value is still a running one)."""
+    progress = snapshot.progress
+    return progress is not None and progress.split == split and snapshot.reason is None
+
+
 def shown_value(snapshot: Snapshot, view: MetricView, kind: str) -> float | str | None:
     """The value a metrics table shows for `view`: its last iteration value (`kind`
     "last"), or its epoch value ("epoch"): the running one while its split is under
-    way, else the latest finished one."""
+    way, else the latest finished one; for the validation, the latest finished
+    validation's, a point inside an epoch included (`valid_at` says which)."""
     if kind == "last":
         return view.last
     value: float | str | None = snapshot.last_epoch_values.get((view.split, view.name))
-    current = snapshot.progress.split if snapshot.progress else None
-    if value is None or (view.split == current and snapshot.reason is None):
+    if view.split == "valid" and view.name in snapshot.valid_values:
+        value = snapshot.valid_values[view.name]
+    if value is None or _running(snapshot, view.split):
         value = view.epoch_value
     return value
+
+
+def value_epoch(snapshot: Snapshot, split: str) -> tuple[int, int | None] | None:
+    """Which epoch (and, for a validation inside an epoch, after how many training
+    batches) the epoch values `shown_value` gives for `split` belong to."""
+    progress = snapshot.progress
+    if _running(snapshot, split):
+        assert progress is not None
+        return progress.epoch, None
+    if split == "valid" and snapshot.valid_at is not None:
+        return snapshot.valid_at
+    if split in snapshot.finished:
+        return snapshot.finished[split], None
+    if progress is not None and progress.split == split:
+        return progress.epoch, None
+    return None
+
+
+def where_text(at: tuple[int, int | None] | None, short: bool = False) -> str:
+    """ "epoch 2", "epoch 2, iteration 400" ("ep 2 it 400" when `short`); "" for None."""
+    if at is None:
+        return ""
+    epoch, iteration = at
+    if iteration is None:
+        return f"epoch {epoch}"
+    return f"ep {epoch} it {iteration}" if short else f"epoch {epoch}, iteration {iteration}"
+
+
+def column_label(snapshot: Snapshot, split: str, kind: str) -> str:
+    """A metrics table column's heading: "train last", "train (epoch 3)", "valid (epoch
+    2)", "valid (epoch 3, iteration 400)" (the chart's legend says the same)."""
+    if kind == "last":
+        return f"{split} last"
+    if split == "test":
+        return "test (whole set)" if "test" in snapshot.finished else "test (so far)"
+    at = where_text(value_epoch(snapshot, split))
+    return f"{split} ({at})" if at else f"{split} epoch"
 
 
 class RunTracker:
@@ -123,11 +199,14 @@ class RunTracker:
         """How the run ended (the `reason` given to `end`); None while it runs."""
         self.started_at = 0.0
         self.ended_at: float | None = None
-        self.points: list[tuple[int, int, dict[str, float]]] = []
-        """Validations inside epochs (`valid_every`): (epoch, iteration, {metric: value})."""
-        self._point: dict[str, float] = {}
-        """The latest point's values, shown as the validation's last values until the
-        end-of-epoch validation ends."""
+        self.validations: list[tuple[int, int | None, float, dict[str, float]]] = []
+        """Finished validations, points inside epochs (`valid_every`) and epoch ends, in
+        order: (epoch, training batches before it or None at the epoch's end, x in
+        epochs, {metric: value}); at most about `VALIDATIONS_KEPT`, older ones thinned."""
+        self.finished: dict[str, int] = {}
+        """The latest epoch each split finished."""
+        self._train_length: tuple[int, int | None] = (0, None)
+        """(epoch, its training batches) as the latest training progress told."""
 
     # The renderer calls -----------------------------------------------------------
     def start(self, info: RunInfo) -> None:
@@ -147,17 +226,25 @@ class RunTracker:
     ) -> None:
         """A tick: the progress, every metric's view, the new iteration values."""
         self.progress = progress
-        self.views = self._with_point(metrics)
+        self.views = tuple(metrics)
+        self._note(progress)
         if records:
             self._append(progress, records)
+
+    def _note(self, progress: Progress) -> None:
+        """Keep the training epoch's length (to place the validation points)."""
+        if progress.split == "train":
+            self._train_length = (progress.epoch, progress.num_iterations)
 
     def end_split(self, progress: Progress, metrics: Sequence[MetricView]) -> None:
         """A split's epoch ended: its epoch values."""
         self.progress = progress
         self.views = tuple(metrics)
+        self._note(progress)
         self.durations[progress.split] = progress.elapsed
+        self.finished[progress.split] = progress.epoch
         if progress.split == "valid":
-            self._point = {}
+            self._validated(progress.epoch, None, float(progress.epoch), metrics)
         for view in metrics:
             if view.split == progress.split and isinstance(view.epoch_value, (int, float)):
                 key = (view.split, view.name)
@@ -171,25 +258,36 @@ class RunTracker:
     def valid_point(
         self, iteration: int, progress: Progress, metrics: Sequence[MetricView]
     ) -> None:
-        """A validation inside the epoch ended after `iteration` training batches."""
+        """A validation inside the epoch ended after `iteration` training batches: its
+        values become the validation's latest, marked on the chart where it ran."""
+        epoch, total = self._train_length
+        if epoch == progress.epoch and total:
+            x = epoch - 1 + min(iteration, total) / total
+        else:  # a loader without a length: where the training curve has got to
+            history = next((h for (s, _), h in self.histories.items() if s == "train"), None)
+            last = history.view().last_x if history is not None else None
+            x = last if last is not None else progress.epoch - 0.5
+        self._validated(progress.epoch, iteration, x, metrics)
+
+    def _validated(
+        self, epoch: int, iteration: int | None, x: float, metrics: Sequence[MetricView]
+    ) -> None:
         values = {
             view.name: float(view.epoch_value)
             for view in metrics
             if view.split == "valid" and isinstance(view.epoch_value, (int, float))
         }
-        self.points.append((progress.epoch, iteration, values))
-        self._point = values
-        self.views = self._with_point(self.views)
+        if not values:
+            return
+        self.validations.append((epoch, iteration, x, values))
+        if len(self.validations) > 2 * VALIDATIONS_KEPT:  # every other one of the older half
+            old = self.validations[:VALIDATIONS_KEPT]
+            self.validations = old[::2] + self.validations[VALIDATIONS_KEPT:]
 
-    def _with_point(self, metrics: Sequence[MetricView]) -> tuple[MetricView, ...]:
-        if not self._point:
-            return tuple(metrics)
-        return tuple(
-            replace(view, last=self._point[view.name])
-            if view.split == "valid" and view.name in self._point
-            else view
-            for view in metrics
-        )
+    @property
+    def valid_at(self) -> tuple[int, int | None] | None:
+        """The latest finished validation: (epoch, iteration or None at the epoch's end)."""
+        return self.validations[-1][:2] if self.validations else None
 
     def end(self, reason: str) -> None:
         """The run ended (`reason`: completed, stopped: ..., failed, interrupted)."""
@@ -220,7 +318,8 @@ class RunTracker:
             start = end
 
     def series(self, name: str) -> MetricSeries:
-        """One metric's iteration history and finished epoch values, per split."""
+        """One metric's iteration history and finished epoch values, per split, and its
+        values at the validations inside epochs."""
         histories = {}
         epochs = {}
         for split in SPLITS:
@@ -230,7 +329,16 @@ class RunTracker:
             values = self.epoch_values.get((split, name))
             if values:
                 epochs[split] = values.points()
-        return histories, epochs
+        return histories, epochs, self.marks(name, inside=True)
+
+    def marks(self, name: str | None, inside: bool = False) -> tuple[Mark, ...]:
+        """`name`'s value at each finished validation: the points inside epochs only
+        when `inside`, else the epoch ends too."""
+        return tuple(
+            (x, values[name], where_text((epoch, iteration)))
+            for epoch, iteration, x, values in self.validations
+            if name in values and (iteration is not None or not inside)
+        )
 
     def elapsed(self) -> float:
         """Seconds since `start`, until `end` once the run ended."""
@@ -289,7 +397,7 @@ class RunTracker:
         defaults to a pending stop's message."""
         assert self.info is not None, "snapshot() before start()"
         if selected is not None:
-            histories, epochs = self.series(selected)
+            histories, epochs, _ = self.series(selected)
         else:
             histories, epochs = {}, {}
         last = {key: v.latest[1] for key, v in self.epoch_values.items() if v.latest is not None}
@@ -322,4 +430,8 @@ class RunTracker:
             closing=closing,
             scroll=scroll,
             follow=follow,
+            validations=self.marks(selected),
+            valid_at=self.valid_at,
+            valid_values=dict(self.validations[-1][3]) if self.validations else {},
+            finished=dict(self.finished),
         )
