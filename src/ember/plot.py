@@ -24,9 +24,12 @@ from typing import Any, Sequence
 from ember.errors import EmberError
 from ember.figures import legend_beside, save, significant
 from ember.figures import matplotlib as _figures
+from ember.lr_find_figure import lr_find_figure, lr_find_range, plot_lr_find
 from ember.train.files.artifacts import SPLITS, Artifacts
 from ember.train.files.metric_files import metric_stem, read_metric_log
 from ember.train.summary import MatrixSummary, epoch_values, last_matrices, point_values
+
+__all__ = ["MetricLogs", "lr_find_figure", "lr_find_range", "plot_lr_find", "plot_run", "read_run"]
 
 COLOURS = {"train": "#1f77b4", "valid": "#ff7f0e"}
 SMOOTH_ABOVE = 60
@@ -376,99 +379,3 @@ def plot_run(
     if has_lr_find:
         written.append(plot_lr_find(artifacts.lr_find, target / "lr-find.png"))
     return written
-
-
-def plot_lr_find(source: str | os.PathLike[str], path: Path) -> Path:
-    """`lr_find_figure` as a PNG at `path`."""
-    return save(lr_find_figure(source), path)
-
-
-def lr_find_figure(source: str | os.PathLike[str]) -> Any:
-    """The learning-rate range test (`lr-find.json`): the loss of each step and its
-    smoothed curve against the rate (a log scale in exponential mode), the loss axis
-    fitted to the curve up to its divergence (`lr_find_range`: what rises past it is cut
-    at the top), the lowest loss, the suggestion and the edge of stability marked with
-    their values; below, each step's ratio of realized to promised decrease, which the
-    suggestion is read from."""
-    from ember.train.lr_finder import LrFinderResult
-
-    result = LrFinderResult.load(source)
-    Figure, _ = _matplotlib()
-    ratios = [(lr, r) for lr, r in zip(result.lrs, result.ratios) if math.isfinite(r)]
-    rows = 2 if ratios else 1
-    figure = Figure(figsize=(10, 5 + 2.6 * (rows - 1)), layout="constrained")
-    axes = figure.subplots(rows, 1, squeeze=False, sharex=True, height_ratios=[2, 1][:rows])
-    ax = axes[0, 0]
-    colour = COLOURS["train"]
-    ax.plot(result.lrs, result.losses, color=colour, alpha=0.35, linewidth=0.9, label="loss")
-    ax.plot(result.lrs, result.smoothed, color=colour, linewidth=2.0, label="smoothed loss")
-    ax.set_ylim(*lr_find_range(result.losses, result.smoothed, result.diverged))
-    finite = [i for i, v in enumerate(result.losses) if math.isfinite(v)]
-    if finite:
-        lowest = min(finite, key=lambda i: result.losses[i])
-        ax.plot(
-            [result.lrs[lowest]],
-            [result.losses[lowest]],
-            marker="v",
-            markersize=8,
-            linestyle="none",
-            color=colour,
-            label=f"lowest loss {significant(result.losses[lowest])} "
-            f"at {significant(result.lrs[lowest])}",
-        )
-    marks = []
-    if result.edge is not None:
-        marks.append((result.edge, ":", f"edge of stability {significant(result.edge)}"))
-    if result.suggestion is not None:
-        rule = "half the edge" if result.edge is not None else "steepest fall"
-        text = f"suggestion {significant(result.suggestion)} ({rule})"
-        marks.append((result.suggestion, "--", text))
-    for at, style, label in marks:
-        for row in axes[:, 0]:
-            row.axvline(at, color=COLOURS["valid"], linestyle=style, linewidth=1.6)
-        ax.plot([], [], color=COLOURS["valid"], linestyle=style, label=label)
-    if result.mode == "exp":
-        ax.set_xscale("log")
-    ax.set_ylabel("loss")
-    ax.grid(True, alpha=0.3, which="both")
-    legend_beside(ax)
-    if ratios:
-        below = axes[1, 0]
-        below.plot(
-            [lr for lr, _ in ratios],
-            [r for _, r in ratios],
-            color="black",
-            marker=".",
-            linewidth=1.0,
-            label="loss removed / loss promised",
-        )
-        below.axhline(0.5, color="grey", linewidth=0.8, linestyle="--", label="0.5: the best step")
-        below.axhline(0.0, color="grey", linewidth=1.0, label="0: no gain (the edge)")
-        below.set_ylim(-1.5, 1.5)  # the steps past the edge are cut at the bottom
-        below.set_ylabel("step ratio")
-        below.grid(True, alpha=0.3, which="both")
-        legend_beside(below)
-    axes[-1, 0].set_xlabel("learning rate" + (" (log scale)" if result.mode == "exp" else ""))
-    ended = "stopped at divergence" if result.diverged else "full range"
-    figure.suptitle(f"Learning-rate range test ({ended})", fontsize=14, fontweight="bold")
-    return figure
-
-
-def lr_find_range(
-    losses: Sequence[float], smoothed: Sequence[float], diverged: bool
-) -> tuple[float, float]:
-    """The loss axis of the range test: from the lowest loss drawn (raw or smoothed)
-    to the highest before the divergence (the smoothed curve, but for its last point
-    when the test diverged, and the raw losses up to the lowest smoothed one), with a
-    margin of 5 % either side."""
-    finite_smoothed = [(i, v) for i, v in enumerate(smoothed) if math.isfinite(v)]
-    body = finite_smoothed[:-1] if diverged and len(finite_smoothed) > 1 else finite_smoothed
-    turn = min(body, key=lambda item: item[1])[0] if body else len(losses)
-    early = [v for v in losses[: turn + 1] if math.isfinite(v)]
-    everything = [v for v in losses if math.isfinite(v)] + [v for _, v in finite_smoothed]
-    if not everything:
-        return 0.0, 1.0
-    low = min(everything)
-    high = max([v for _, v in body] + early, default=max(everything))
-    margin = (high - low) * 0.05 or abs(high) * 0.05 or 1.0
-    return low - margin, high + margin

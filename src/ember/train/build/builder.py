@@ -4,24 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import torch
 
-from ember.environment import from_environment
 from ember.errors import ConfigError
-from ember.train.build.checks import (
-    check_checkpointing,
-    check_closures,
-    check_device,
-    check_micro_auto,
-    check_model,
-    check_precision,
-    check_processes,
-    check_resume,
-    check_sync_batchnorm,
-)
-from ember.train.build.resolve import place_model, run_checkpointer, run_device
 from ember.train.build.state import BuilderState
 from ember.train.build.values import (
     batch_limit,
@@ -443,26 +430,4 @@ class LearnerBuilder:
         model's `train_step(batch, ctx)` steps them through `ctx`."""
         from ember.train.learner import Learner
 
-        state = self._state
-        check_model(model, optimizer, lr)
-        manual = isinstance(optimizer, Mapping)
-        check_precision(state.fsdp, state.mixed_precision)
-        placement = from_environment()
-        check_processes(manual, state.devices, placement)
-        if state.micro_auto:
-            check_micro_auto(manual, state.fsdp)
-        device = run_device(model, state.devices, placement)
-        check_device(device, state.memory_history, state.fsdp)
-        if state.sync_batchnorm:
-            check_sync_batchnorm(model, world_size(state.devices))
-        place_model(model, device, state.recompute, state.compile)
-        optimization = state.optimization(model, optimizer, lr, device)
-        check_closures(
-            optimization, state.grads_accumulation, state.micro_auto, state.mixed_precision
-        )
-        checkpointer = run_checkpointer(state.checkpointer, state.recorder, state.artifact_dir)
-        check_resume(state.checkpoint, checkpointer, state.artifact_dir, state.recorder)
-        check_checkpointing(
-            checkpointer, optimization, state.train_for, state.every, state.every_count, state.fsdp
-        )
-        return Learner(state.learner_options(model, optimization, device, checkpointer))
+        return Learner(self._state.resolve(model, optimizer, lr))

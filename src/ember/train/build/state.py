@@ -5,11 +5,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from ember.train.build.resolve import bound_optimization, lr_monitor, retention, run_cadence
+from ember.environment import from_environment
+from ember.train.build.checks import (
+    check_checkpointing,
+    check_closures,
+    check_device,
+    check_micro_auto,
+    check_model,
+    check_precision,
+    check_processes,
+    check_resume,
+    check_sync_batchnorm,
+)
+from ember.train.build.resolve import (
+    bound_optimization,
+    lr_monitor,
+    place_model,
+    retention,
+    run_cadence,
+    run_checkpointer,
+    run_device,
+)
+from ember.train.distributed import world_size
 from ember.train.length.interrupter import Interrupter
 from ember.train.options import LearnerOptions, RegisteredMetric
 
@@ -98,6 +119,34 @@ class BuilderState:
         if self.micro_auto:
             optimization.micro_split = 1
         return optimization
+
+    def resolve(self, model: torch.nn.Module, optimizer: Any, lr: Any) -> LearnerOptions:
+        """Check the model, devices, precision, resume and checkpointing against each
+        other (each failing check names its fix), place the model and make its
+        optimization and checkpointer: the options `build()` hands the `Learner`."""
+        state = self
+        check_model(model, optimizer, lr)
+        manual = isinstance(optimizer, Mapping)
+        check_precision(state.fsdp, state.mixed_precision)
+        placement = from_environment()
+        check_processes(manual, state.devices, placement)
+        if state.micro_auto:
+            check_micro_auto(manual, state.fsdp)
+        device = run_device(model, state.devices, placement)
+        check_device(device, state.memory_history, state.fsdp)
+        if state.sync_batchnorm:
+            check_sync_batchnorm(model, world_size(state.devices))
+        place_model(model, device, state.recompute, state.compile)
+        optimization = state.optimization(model, optimizer, lr, device)
+        check_closures(
+            optimization, state.grads_accumulation, state.micro_auto, state.mixed_precision
+        )
+        checkpointer = run_checkpointer(state.checkpointer, state.recorder, state.artifact_dir)
+        check_resume(state.checkpoint, checkpointer, state.artifact_dir, state.recorder)
+        check_checkpointing(
+            checkpointer, optimization, state.train_for, state.every, state.every_count, state.fsdp
+        )
+        return self.learner_options(model, optimization, device, checkpointer)
 
     def learner_options(
         self,

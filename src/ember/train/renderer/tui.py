@@ -18,7 +18,7 @@ import time
 from typing import Any, Sequence
 
 from rich import get_console
-from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.console import Console
 from rich.live import Live
 from rich.live_render import LiveRender
 from rich.segment import Segment
@@ -26,48 +26,13 @@ from rich.style import Style
 
 from ember.train.logger.base import MetricRecord
 from ember.train.renderer.base import MetricView, Progress, RunInfo
+from ember.train.renderer.frame import Frame, FrameRender
 from ember.train.renderer.keys import KeyReader
 from ember.train.renderer.panels import VIEWS, dashboard, metrics_scroll, select_metric
 from ember.train.renderer.state import RunTracker, Snapshot
 
 STOP_MESSAGE = "stopped from the dashboard"
 KILL_MESSAGE = "killed from the dashboard"
-
-
-class _Frame:
-    """The last drawn frame as segments: cheap to re-emit when output is printed above it."""
-
-    def __init__(self) -> None:
-        self.lines: list[list[Segment]] = []
-        self.width = 0
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        new_line = Segment.line()
-        for line in self.lines:
-            yield from line
-            yield new_line
-
-
-class _FrameRender(LiveRender):
-    """Live's renderer, emitting a ready `_Frame` without laying it out again."""
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        frame = self.renderable
-        if isinstance(frame, Group) and len(frame.renderables) == 1:
-            frame = frame.renderables[0]
-        if not isinstance(frame, _Frame) or not frame.lines:
-            yield from super().__rich_console__(console, options)
-            return
-        lines = frame.lines
-        if len(lines) > options.size.height or frame.width > options.max_width:
-            yield from super().__rich_console__(console, options)
-            return
-        self._shape = (frame.width, len(lines))
-        new_line = Segment.line()
-        yield from lines[0]
-        for line in lines[1:]:
-            yield new_line
-            yield from line
 
 
 class TuiRenderer:
@@ -121,7 +86,7 @@ class TuiRenderer:
         self._stop_drawing = threading.Event()
         self._key_pressed = threading.Event()
         self._ended = threading.Event()
-        self._frame = _Frame()
+        self._frame = Frame()
         self._styles: dict[str, Style] = {}
         self._live: Live | None = None
         self._reader: KeyReader | None = None
@@ -166,7 +131,7 @@ class TuiRenderer:
             transient=False,
         )
         if isinstance(getattr(self._live, "_live_render", None), LiveRender):
-            self._live._live_render = _FrameRender(self._frame, vertical_overflow="ellipsis")
+            self._live._live_render = FrameRender(self._frame, vertical_overflow="ellipsis")
         self._started = True
         atexit.register(self._restore)
         try:
