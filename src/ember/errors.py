@@ -15,6 +15,11 @@ class RecordError(EmberError):
     """A record file cannot be read or does not fit its target."""
 
 
+class RunRecordError(EmberError):
+    """A record of a run (its history, sessions or hyperparameters) is damaged or missing:
+    the message names the file, the line where it applies, and the fix."""
+
+
 class TrainingError(EmberError):
     """The learner was set up wrongly or training cannot continue."""
 
