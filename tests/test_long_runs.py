@@ -71,7 +71,9 @@ def test_the_same_command_started_again_after_each_kill_ends_like_an_uninterrupt
 
     first = signal_when(run, 2, "--auto")
     assert first.returncode == 143, first.stderr
-    assert first.stdout.startswith("training epoch 1/3")
+    took_over, shown = first.stdout.split("\n", 1)  # the killed run's lock, shown once
+    assert took_over.startswith("warning: Took over the run lock") and "no longer runs" in took_over
+    assert shown.startswith("training epoch 1/3")
     log = (run / "experiment.log").read_text()
     assert "checkpoint('auto'): no checkpoint in" in log
     assert "starting a fresh run" in log

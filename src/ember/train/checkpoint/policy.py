@@ -141,6 +141,9 @@ class CheckpointPolicy:
         }
         if lines is not None:
             learner["log_lines"] = lines
+        mark = self.history.mark()
+        if mark is not None:  # the history's lines now: a resume from here finds them all
+            learner["history_mark"] = list(mark)
         if metric_states is not None:  # every rank's share of the epoch so far
             learner["metric_states"] = (
                 dist.all_gather(metric_states) if dist is not None else [metric_states]
