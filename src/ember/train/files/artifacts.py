@@ -10,7 +10,9 @@ ARTIFACT_DIR/
 ├── wandb-run.json              the W&B run this run logs to, and its steps (wandb_logger.py)
 ├── wandb/                      W&B's own files (offline runs), when a W&B logger is used
 ├── .lock                       the run using the directory (host, pid, start time, boot id)
-├── checkpoint/                 the file checkpointer's records
+├── checkpoint/                 the file checkpointer's records (`.epoch-N.next/`: a
+│                               checkpoint of epoch N written whole before it replaces the
+│                               one there)
 ├── train/epoch-N/<Metric>.log  one "value,weight" line per iteration
 ├── train/epoch-N/<Metric>.json the epoch's count matrix of a matrix metric (confusion matrix)
 ├── valid/epoch-N/<Metric>.log  the end-of-epoch validation
@@ -55,6 +57,7 @@ SPLITS = ("train", "valid")
 _EPOCH_DIR = re.compile(r"^epoch-(\d+)$")
 _POINT_DIR = re.compile(r"^iteration-(\d+)$")
 _TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
+_STAGED_DIR = re.compile(r"^\.epoch-(\d+)\.next$")
 log = logging.getLogger(__name__)
 
 
@@ -83,6 +86,24 @@ def checkpoint_shards(
     if not root.is_dir():
         return []
     return sorted(entry for entry in root.iterdir() if pattern.match(entry.name))
+
+
+def checkpoint_staging(directory: str | os.PathLike[str], epoch: int) -> Path:
+    """`directory/.epoch-<epoch>.next/`: where a checkpoint of `epoch` is written whole
+    before its parts replace the ones in `directory`."""
+    return Path(directory) / f".epoch-{epoch}.next"
+
+
+def staged_checkpoints(directory: str | os.PathLike[str]) -> dict[int, Path]:
+    """The staging folders in `directory` (`checkpoint_staging`), by epoch."""
+    root = Path(directory)
+    found: dict[int, Path] = {}
+    if root.is_dir():
+        for entry in root.iterdir():
+            match = _STAGED_DIR.match(entry.name)
+            if match and entry.is_dir():
+                found[int(match.group(1))] = entry
+    return found
 
 
 def checkpoint_epochs(directory: str | os.PathLike[str], part: str, extension: str) -> list[int]:
