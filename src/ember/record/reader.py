@@ -41,16 +41,21 @@ def decode_record(
             f"the file is gzip-compressed but {label} is not; "
             "ember.record.load() reads every ember format"
         )
-    inner = gunzip_bytes(data) if gzipped else data
-    fmt = sniff(inner)
-    if fmt is None:
-        raise RecordProblem(f"not {label}: {describe(inner)}")
-    if expected is not None and fmt is not expected:
-        raise RecordProblem(
-            f"it holds an ember {fmt.title} record, not {label}; "
-            "ember.record.load() reads every ember format"
-        )
-    return fmt.decode(inner)
+
+    def identify(content: bytes) -> RecordFormat:
+        fmt = sniff(content)
+        if fmt is None:
+            raise RecordProblem(f"not {label}: {describe(content)}")
+        if expected is not None and fmt is not expected:
+            raise RecordProblem(
+                f"it holds an ember {fmt.title} record, not {label}; "
+                "ember.record.load() reads every ember format"
+            )
+        return fmt
+
+    # gzip content is identified from its first bytes, before the rest is inflated
+    inner = gunzip_bytes(data, check=identify) if gzipped else data
+    return identify(inner).decode(inner)
 
 
 def describe(data: bytes) -> str:
