@@ -183,9 +183,7 @@ def declared_size(data: bytes | memoryview) -> int:
     return int(size)
 
 
-def gunzip_bytes(
-    data: bytes, check: Callable[[bytes], None] | None = None
-) -> bytes | bytearray:
+def gunzip_bytes(data: bytes, check: Callable[[bytes], None] | None = None) -> bytes | bytearray:
     """Decompress gzip data (one member, or several one after the other), never past
     the size each member declares.
 

@@ -79,6 +79,15 @@ def repair_hint(directory: str | os.PathLike[str]) -> str:
     )
 
 
+def damaged(file: Path, problem: str, line: int | None = None) -> RunRecordError:
+    """The error of a damaged or missing run record: the file (and line), the problem
+    and the fix; the error's `problem` holds the problem alone."""
+    where = f"{file}, line {line}" if line is not None else str(file)
+    error = RunRecordError(f"{where}: {problem}. {repair_hint(file.parent)}")
+    error.problem = f"line {line}: {problem}" if line is not None else problem
+    return error
+
+
 Points = Sequence[tuple[int, "int | None", Mapping[str, Mapping[str, float]]]]
 """Validation points in order: (epoch, iteration, {"valid": {metric name: value}}), the
 iteration being the training batches done in the epoch, or None for the validation at
@@ -197,6 +206,10 @@ class RunHistory:
         stopping "rule", "split", "metric", "epoch", "value", "reference")."""
         self.model: str | None = None
         self.num_parameters: int | None = None
+        self.repairs: list[dict[str, Any]] = []
+        """What `ember repair` did to the file, oldest first: when (`at`, Unix time), the
+        problems it dropped (`dropped`) and the epochs it rebuilt from the metric logs
+        (`rebuilt`: their values are the means of the log lines)."""
         self.file_id: str | None = None
         """The `id` of the file's header (a random token each time the file is rewritten
         whole); None for a file of an earlier version, or none."""
@@ -290,6 +303,12 @@ class RunHistory:
             self.stop_reason = to_json() if callable(to_json) else None
             self._write({"outcome": self.outcome, "stop_reason": self.stop_reason})
 
+    def rewrite(self) -> None:
+        """Write the whole file now (atomically), from what this history holds."""
+        with self._lock:
+            self._written = None
+            self._write({})
+
     # Reading --------------------------------------------------------------------------
     def entries(self) -> list[tuple[int, dict[str, dict[str, float]]]]:
         """The epochs, as `History` (a new list, safe to hand to another thread: the
@@ -372,12 +391,8 @@ class RunHistory:
             except ValueError:
                 whole = None
             if not isinstance(whole, dict) or whole.get("format") != FORMAT:
-                damaged = RunRecordError(
-                    f"{file}, line 1: not an ember run history (no format {FORMAT!r}). "
-                    + repair_hint(file.parent)
-                )
                 if problems is None or not data.strip():
-                    raise damaged
+                    raise damaged(file, f"not an ember run history (no format {FORMAT!r})", 1)
                 problems.append("line 1: not the header of an ember run history")
                 history._read_lines(data, {"format": FORMAT, "version": VERSION}, file, problems)
             else:
@@ -433,9 +448,7 @@ class RunHistory:
                     count = record.pop("n", None) if isinstance(record, dict) else None
                     if count != expected:
                         if type(count) is int and count > expected:
-                            damage(
-                                number, f"records {expected} to {count - 1} are missing before it"
-                            )
+                            damage(number, _lost(expected, count - 1))
                         elif type(count) is int:
                             damage(number, f"it repeats record {count}")
                         else:
@@ -501,6 +514,8 @@ class RunHistory:
         elif "model" in record:
             self.model = record["model"]
             self.num_parameters = record.get("num_parameters")
+        elif "repaired" in record and isinstance(record["repaired"], dict):
+            self.repairs.append(record["repaired"])
         else:
             raise EmberError(f"{file}: line {line} is not a history record: {record!r}.")
 
@@ -522,6 +537,7 @@ class RunHistory:
         records: list[dict[str, Any]] = []
         if self.model is not None:
             records.append({"model": self.model, "num_parameters": self.num_parameters})
+        records += [{"repaired": repair} for repair in self.repairs]
         records += [
             _epoch_record(epoch, values, self.counters.get(epoch)) for epoch, values in self.epochs
         ]

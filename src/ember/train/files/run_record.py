@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 from ember.errors import ConfigError, RunRecordError
 from ember.train.files.artifacts import SPLITS, Artifacts
-from ember.train.history import RunHistory, repair_hint
+from ember.train.history import RunHistory, damaged
 from ember.train.sealed import SealBroken, seal, unseal
 
 log = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ def _read_sealed(path: Path, key: str = "crc32") -> tuple[Any, bool] | None:
     try:
         return unseal(data, key)
     except SealBroken as error:
-        raise RunRecordError(f"{path} is damaged: {error}. {repair_hint(path.parent)}") from None
+        raise damaged(path, str(error)) from None
 
 
 def read_hparams(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -183,10 +183,7 @@ def read_hparams(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     if found is None:
         return None
     if not isinstance(found[0], dict):
-        raise RunRecordError(
-            f"{path} is damaged: it does not hold a JSON object of hyperparameters. "
-            + repair_hint(path.parent)
-        )
+        raise damaged(path, "it does not hold a JSON object of hyperparameters")
     return found[0]
 
 
@@ -230,16 +227,15 @@ def read_sessions(directory: str | os.PathLike[str]) -> list[Session]:
     if found is None:
         return []
     data, sealed = found
-    fix = repair_hint(path.parent)
     if not isinstance(data, dict) or data.get("format") != SESSIONS_FORMAT:
-        raise RunRecordError(f"{path} is damaged: it is not an ember sessions file. {fix}")
+        raise damaged(path, "it is not an ember sessions file")
     if data.get("version") not in (1, SESSIONS_VERSION):
         raise RunRecordError(
             f"{path} has sessions version {data.get('version')!r}; this ember reads versions "
             f"1 and {SESSIONS_VERSION}. Upgrade ember to read it."
         )
     if data["version"] == SESSIONS_VERSION and not sealed:
-        raise RunRecordError(f"{path} is damaged: it has no checksum. {fix}")
+        raise damaged(path, "it has no checksum (it was edited, or written by another program)")
     try:
         return [
             Session(
@@ -251,7 +247,7 @@ def read_sessions(directory: str | os.PathLike[str]) -> list[Session]:
             for entry in data["sessions"]
         ]
     except (KeyError, TypeError, ValueError) as error:
-        raise RunRecordError(f"{path} is damaged: malformed sessions ({error!r}). {fix}") from None
+        raise damaged(path, f"malformed sessions ({error!r})") from None
 
 
 def _write_sessions(artifacts: Artifacts, sessions: list[Session]) -> None:
@@ -342,28 +338,30 @@ def check_resume(
     when the checkpoint was written (`mark`: the file's id and lines then). `carried`:
     the checkpoint holds the history itself (a run of an ember before the history file)."""
     history, path = records.history, artifacts.history
-    fix = repair_hint(artifacts.root)
     if history is None:
         if trained >= 1 and not carried:
-            raise RunRecordError(
-                f"{path} is missing, and the checkpoint of {where} comes after {trained} "
-                f"epoch(s) it should hold. {fix}"
+            raise damaged(
+                path,
+                f"the file is missing, and the checkpoint of {where} comes after {trained} "
+                "epoch(s) it should hold",
             )
         return
     same_file = isinstance(mark, (list, tuple)) and len(mark) == 2 and history.file_id == mark[0]
     if same_file and history.lines < int(mark[1]):
-        raise RunRecordError(
-            f"{path}, line {history.lines + 1}: the file ends before it, but it had "
-            f"{int(mark[1])} lines when the checkpoint of {where} was written: its last "
-            f"{int(mark[1]) - history.lines} line(s) were lost. {fix}"
+        raise damaged(
+            path,
+            f"the file ends before it, but it had {int(mark[1])} lines when the checkpoint "
+            f"of {where} was written: its last {int(mark[1]) - history.lines} line(s) were lost",
+            history.lines + 1,
         )
     have = {epoch for epoch, _ in history.epochs}
     missing = [epoch for epoch in range(1, trained + 1) if epoch not in have]
     if missing:
         listing = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
-        raise RunRecordError(
-            f"{path} holds no values of epoch(s) {listing}, which the checkpoint of {where} "
-            f"has trained: lines of it were lost. {fix}"
+        raise damaged(
+            path,
+            f"the file holds no values of epoch(s) {listing}, which the checkpoint of {where} "
+            "has trained: lines of it were lost",
         )
 
 
