@@ -72,6 +72,11 @@ def prepare(
         valid_plan.check_limit("validation", "valid")
     kit.length.counters = resume.position.counters
     notes = count_steps(kit, state, train_plan, resume.position)
+    kit.checkpoints.data = train_plan.data_state()
+    if resume.state is not None and resume.position.iteration:  # resumed inside an epoch
+        where = f"epoch {resume.position.epoch}, iteration {resume.position.iteration}"
+        changed = train_plan.data_changes(resume.state["learner"].get("data"), where)
+        notes += [changed] if changed else []
     optim.lr.check_monitor(
         {split: [entry.name for entry in entries] for split, entries in options.metrics.items()}
     )
@@ -270,8 +275,14 @@ def load_history(
 
 def make_loggers(kit: Lasting, main: bool) -> dict[str, list[MetricLogger]]:
     """Rank 0 writes the metric files and feeds the extra loggers."""
+    then = (
+        "resume with checkpoint('latest')"
+        if kit.checkpoints.checkpointer is not None
+        else "train again (this run writes no checkpoint to resume from: add "
+        "with_file_checkpointer(recorder) to be able to resume)"
+    )
     return {
-        split: [FileMetricLogger(kit.artifacts.split_dir(split)), *extra] if main else []
+        split: [FileMetricLogger(kit.artifacts.split_dir(split), then), *extra] if main else []
         for split, extra in kit.options.loggers.items()
     }
 
