@@ -183,7 +183,7 @@ def declared_size(data: bytes | memoryview) -> int:
     return int(size)
 
 
-def gunzip_bytes(data: bytes, check: Callable[[bytes], None] | None = None) -> bytes | bytearray:
+def gunzip_bytes(data: bytes, check: Callable[[bytes], object] | None = None) -> bytes | bytearray:
     """Decompress gzip data (one member, or several one after the other), never past
     the size each member declares.
 
@@ -207,7 +207,7 @@ def gunzip_bytes(data: bytes, check: Callable[[bytes], None] | None = None) -> b
 
 
 def _inflate_member(
-    data: memoryview, check: Callable[[bytes], None] | None
+    data: memoryview, check: Callable[[bytes], object] | None
 ) -> tuple[bytes | bytearray, int]:
     """Inflate the gzip member at the start of `data`: its content and its length. The
     content goes into one buffer of the declared size once `check` passed its head."""

@@ -7,6 +7,7 @@ its cause, reaches the caller as a `RecordError` that names the file.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from ember.record.format import FORMATS, RecordFormat, sniff
 from ember.record.gz import gunzip_bytes, is_gzip
@@ -53,8 +54,9 @@ def decode_record(
             )
         return fmt
 
-    # gzip content is identified from its first bytes, before the rest is inflated
-    inner = gunzip_bytes(data, check=identify) if gzipped else data
+    # gzip content is identified from its first bytes, before the rest is inflated; it
+    # comes in a bytearray, which every decoder reads as it reads bytes (no copy)
+    inner = cast(bytes, gunzip_bytes(data, check=identify)) if gzipped else data
     return identify(inner).decode(inner)
 
 

@@ -297,7 +297,7 @@ class Learner:
         return self.model
 
     def _after(
-        self, parts: FitParts, reason: Outcome | str, restore_best: bool, dist: Distributed | None
+        self, parts: FitParts, reason: Outcome, restore_best: bool, dist: Distributed | None
     ) -> None:
         """The training ended: log how, requeue a preempted job, restore the best weights,
         gather a sharded model, print the summary."""

@@ -96,11 +96,15 @@ def checkpoint_staging(directory: str | os.PathLike[str], epoch: int) -> Path:
 
 def staged_checkpoints(directory: str | os.PathLike[str]) -> dict[int, Path]:
     """The staging folders in `directory` (`checkpoint_staging`), by epoch."""
-    root = Path(directory)
+    return numbered_dirs(Path(directory), _STAGED_DIR)
+
+
+def numbered_dirs(directory: Path, pattern: re.Pattern[str]) -> dict[int, Path]:
+    """The folders in `directory` whose name `pattern` matches, by the number it captures."""
     found: dict[int, Path] = {}
-    if root.is_dir():
-        for entry in root.iterdir():
-            match = _STAGED_DIR.match(entry.name)
+    if directory.is_dir():
+        for entry in directory.iterdir():
+            match = pattern.match(entry.name)
             if match and entry.is_dir():
                 found[int(match.group(1))] = entry
     return found
@@ -206,14 +210,7 @@ class Artifacts:
 
     def point_dirs(self, epoch: int) -> dict[int, Path]:
         """The `iteration-K` folders of epoch N's validation, by K."""
-        found: dict[int, Path] = {}
-        directory = self.epoch_dir("valid", epoch)
-        if directory.is_dir():
-            for entry in directory.iterdir():
-                match = _POINT_DIR.match(entry.name)
-                if match and entry.is_dir():
-                    found[int(match.group(1))] = entry
-        return found
+        return numbered_dirs(self.epoch_dir("valid", epoch), _POINT_DIR)
 
     @property
     def lr_find(self) -> Path:
@@ -256,14 +253,7 @@ class Artifacts:
 
     def epoch_dirs(self, split: str) -> dict[int, Path]:
         """The `epoch-N` folders of a split, by epoch."""
-        found: dict[int, Path] = {}
-        directory = self.split_dir(split)
-        if directory.is_dir():
-            for entry in directory.iterdir():
-                match = _EPOCH_DIR.match(entry.name)
-                if match and entry.is_dir():
-                    found[int(match.group(1))] = entry
-        return found
+        return numbered_dirs(self.split_dir(split), _EPOCH_DIR)
 
     def metric_logs(self, split: str) -> Iterator[tuple[int, str, Path]]:
         """`(epoch, file stem, path)` of every metric log of a split, oldest epoch first."""
