@@ -68,7 +68,9 @@ def test_the_history_file_is_appended_at_each_epoch_not_rewritten(
         added = later[len(earlier) :].decode().splitlines()
         assert 1 <= len(added) <= 2  # this epoch's record (and the outcome at the end)
     records = [json.loads(line) for line in final.decode().splitlines()]
-    assert records[0] == {"format": "ember-history", "version": 2}
+    assert [r.pop("crc32") != "" for r in records] == [True] * len(records)  # each sealed
+    assert records[0] == {"format": "ember-history", "version": 3, "id": records[0]["id"]}
+    assert [r.pop("n") for r in records[1:]] == list(range(2, len(records) + 1))
     assert [r["epoch"] for r in records if "epoch" in r] == [1, 2, 3, 4]
     assert records[-1] == {"outcome": "completed", "stop_reason": {"reason": "completed"}}
     assert RunHistory.load(tmp_path / "history.jsonl").epochs == learner.history

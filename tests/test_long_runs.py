@@ -71,7 +71,10 @@ def test_the_same_command_started_again_after_each_kill_ends_like_an_uninterrupt
 
     first = signal_when(run, 2, "--auto")
     assert first.returncode == 143, first.stderr
-    assert first.stdout.startswith("training epoch 1/3")
+    assert first.stdout.startswith("training epoch 1/3")  # the heading, then the warnings
+    took_over = [line for line in first.stdout.splitlines() if "Took over the run lock" in line]
+    assert len(took_over) == 1 and took_over[0].startswith("warning: ")  # shown once
+    assert "no longer runs" in took_over[0]
     log = (run / "experiment.log").read_text()
     assert "checkpoint('auto'): no checkpoint in" in log
     assert "starting a fresh run" in log

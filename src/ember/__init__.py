@@ -15,6 +15,7 @@ __getattr__, __dir__, __all__ = attach(
         "DatasetError": "ember.errors",
         "EmberError": "ember.errors",
         "RecordError": "ember.errors",
+        "RunRecordError": "ember.errors",
         "TrainingError": "ember.errors",
         "is_main_process": "ember.process",
         "seed": "ember.seed",
@@ -25,6 +26,13 @@ __all__ += ["__version__"]
 if TYPE_CHECKING:
     from ember.comparison import compare, runs
     from ember.config import Config
-    from ember.errors import ConfigError, DatasetError, EmberError, RecordError, TrainingError
+    from ember.errors import (
+        ConfigError,
+        DatasetError,
+        EmberError,
+        RecordError,
+        RunRecordError,
+        TrainingError,
+    )
     from ember.process import is_main_process
     from ember.seed import seed

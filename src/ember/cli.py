@@ -1,5 +1,5 @@
 """The `ember` command: `ember summary DIR`, `ember plot DIR [-o OUT]`, `ember compare
-DIR... [-o OUT]`, `ember runs ROOT`, `ember --version`."""
+DIR... [-o OUT]`, `ember runs ROOT`, `ember repair DIR`, `ember --version`."""
 
 from __future__ import annotations
 
@@ -32,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     runs = commands.add_parser("runs", help="list the runs under a folder with their status")
     runs.add_argument("root")
+    repair = commands.add_parser(
+        "repair",
+        help="make a run's damaged or missing records whole again (history.jsonl, "
+        "sessions.json, hparams.json), keeping the damaged files as <name>.damaged",
+    )
+    repair.add_argument("artifact_dir")
     args = parser.parse_args(argv)
     try:
         if args.command == "summary":
@@ -59,6 +65,17 @@ def main(argv: list[str] | None = None) -> int:
             from ember.comparison import runs_table
 
             print(runs_table(find_runs(args.root), args.root))
+            return 0
+        if args.command == "repair":
+            from ember.train.repair import repair_run
+
+            done = repair_run(args.artifact_dir)
+            for line in done:
+                print(line)
+            if not done:
+                print(
+                    f"Nothing to repair: every record of {args.artifact_dir} reads back as written."
+                )
             return 0
     except EmberError as error:
         print(f"ember: {error}", file=sys.stderr)

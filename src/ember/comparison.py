@@ -5,7 +5,8 @@ from `history.jsonl` (through `ember.train.history`), the hyperparameters from
 `hparams.json`, the time spent training from `sessions.json`, and whether a run is
 going on from its lock. Runs in progress are read as they stand; a run missing one of
 these files (written by an older ember, or not by the learner) is shown with what
-it has and a note that names what is missing.
+it has and a note that names what is missing; a run whose records are damaged is
+shown as "damaged", with what can still be read and the fix (`ember repair DIR`).
 
 ```python
 import ember
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ember.errors import EmberError
+from ember.errors import EmberError, RunRecordError
 from ember.figures import LEGEND_ROWS, colours, legend_beside, matplotlib, significant
 from ember.train.files.artifacts import SPLITS, Artifacts
 from ember.train.files.lock import read_lock
@@ -72,7 +73,8 @@ class RunRow:
     directory: Path
     status: str
     """"completed", "stopped", "stopped early", "pruned", "failed", "interrupted",
-    "running" or "unknown" (no history: an older run, or not one of the learner)."""
+    "running", "damaged" (a record does not read back as written: `detail` names it
+    and the fix) or "unknown" (no history: an older run, or not one of the learner)."""
     detail: str
     """The outcome in words, with what to do next (the resume hint of a stopped run)."""
     epochs: int
@@ -89,34 +91,45 @@ class RunRow:
 
 
 def read_run(directory: str | os.PathLike[str]) -> RunRow:
-    """The state of the run in `directory`, read from its files alone."""
+    """The state of the run in `directory`, read from its files alone (a damaged record
+    makes it "damaged", with what can still be read)."""
     root = Path(directory)
     if not root.is_dir():
         raise EmberError(f"{root}: no such artifact directory.")
     artifacts = Artifacts(root)
     notes: list[str] = []
+    damage: list[str] = []
     history: RunHistory | None = None
     series: dict[tuple[str, str], list[tuple[int, float]]] = {}
     saved = artifacts.saved_history
     if saved is not None:
-        history = RunHistory.load(saved)
-        for epoch, values in history.epochs:
+        try:
+            history = RunHistory.load(saved)
+        except RunRecordError as error:
+            damage.append(str(error))
+            try:
+                history = RunHistory.salvage(saved)[0]
+            except RunRecordError:
+                history = None
+        for epoch, values in history.epochs if history is not None else []:
             for split in SPLITS:
                 for name, value in values.get(split, {}).items():
                     series.setdefault((split, name), []).append((epoch, value))
     else:
         notes.append("no history.jsonl: epoch values are the means of the metric logs")
         series.update(epoch_values(root))
-    hparams = read_hparams(root)
-    if hparams is None:
+    hparams = _readable(read_hparams, root, damage)
+    if hparams is None and not damage:
         notes.append("no hparams.json")
-    sessions = read_sessions(root)
-    if not sessions:
+    sessions = _readable(read_sessions, root, damage) or []
+    if not sessions and not damage:
         notes.append("no sessions.json: wall time unknown")
     lock = read_lock(artifacts.lock)
     running = lock is not None and lock.running
     last_write = saved.stat().st_mtime if saved is not None else None
     status, detail = _status(history, lock, running)
+    if damage and not running:
+        status, detail = "damaged", damage[0]
     epochs = max((epoch for values in series.values() for epoch, _ in values), default=0)
     return RunRow(
         directory=root,
@@ -129,6 +142,15 @@ def read_run(directory: str | os.PathLike[str]) -> RunRow:
         series=series,
         notes=tuple(notes),
     )
+
+
+def _readable(read: Any, root: Path, damage: list[str]) -> Any:
+    """What `read(root)` returns, or None when the record is damaged (said in `damage`)."""
+    try:
+        return read(root)
+    except RunRecordError as error:
+        damage.append(str(error))
+        return None
 
 
 def _status(history: RunHistory | None, lock: Any, running: bool) -> tuple[str, str]:

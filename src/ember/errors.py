@@ -15,6 +15,14 @@ class RecordError(EmberError):
     """A record file cannot be read or does not fit its target."""
 
 
+class RunRecordError(EmberError):
+    """A record of a run (its history, sessions or hyperparameters) is damaged or missing:
+    the message names the file, the line where it applies, and the fix."""
+
+    problem: str | None = None
+    """What is wrong, without the file and the fix ("line 7: ..."), when it is known."""
+
+
 class TrainingError(EmberError):
     """The learner was set up wrongly or training cannot continue."""
 

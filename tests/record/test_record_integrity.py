@@ -20,7 +20,7 @@ from record_testing import RECORDERS, assert_same, checkpoint_state
 import ember.record as er
 from ember.errors import RecordError
 from ember.record import checksum
-from ember.record.gz import gzip_bytes
+from ember.record.gz import gunzip_bytes, gzip_bytes
 
 LEGACY = Path(__file__).parent / "legacy"
 GZIPPED = [cls for cls in RECORDERS if cls.compressed]
@@ -216,11 +216,23 @@ BOMBS = {
 }
 
 
+def headed(cls: type, tmp_path: Path, zeros: tuple[bytes, int]) -> tuple[bytes, int]:
+    """Raw deflate data of a genuine record's content followed by the zeros, and its
+    CRC-32: a bomb whose first bytes read as a record of `cls`."""
+    content = gzip.decompress(cls().save(adam(), tmp_path / "genuine").read_bytes())
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    head = compressor.compress(content) + compressor.flush(zlib.Z_SYNC_FLUSH)
+    crc, chunk = zlib.crc32(content), bytes(2**20)
+    for _ in range(BOMB_CONTENT // len(chunk)):
+        crc = zlib.crc32(chunk, crc)
+    return head + zeros[0], crc
+
+
 @pytest.mark.parametrize("bomb", sorted(BOMBS))
 @pytest.mark.parametrize("cls", GZIPPED, ids=lambda c: c.file_extension)
 def test_gzip_bombs_are_refused_quickly_with_bounded_memory(cls, tmp_path, zeros_deflated, bomb):
     make, match = BOMBS[bomb]
-    data = make(*zeros_deflated)
+    data = make(*headed(cls, tmp_path, zeros_deflated))
     assert len(data) < BOMB_CONTENT / 500
     path = tmp_path / f"bomb.{cls.file_extension}"
     path.write_bytes(data)
@@ -234,6 +246,50 @@ def test_gzip_bombs_are_refused_quickly_with_bounded_memory(cls, tmp_path, zeros
         tracemalloc.stop()
     assert peak < 4 * DECLARED + 4 * len(data), peak
     assert elapsed < 5.0
+
+
+HONEST = 512 * 2**20  # zeros that a small gzip file declares, truthfully
+
+
+@pytest.mark.parametrize("cls", GZIPPED, ids=lambda c: c.file_extension)
+def test_a_small_gzip_file_declaring_a_huge_content_that_is_no_record_is_refused_after_its_head(
+    cls, tmp_path
+):
+    """A 0.5 MB file whose header truthfully declares 512 MB of zeros: refused as no
+    record once its first 64 KiB are inflated, holding a few hundred KiB at most."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    chunk, parts, crc = bytes(2**20), [], 0
+    for _ in range(HONEST // len(chunk)):
+        parts.append(compressor.compress(chunk))
+        crc = zlib.crc32(chunk, crc)
+    parts.append(compressor.flush())
+    header = b"\x1f\x8b\x08\x04\x00\x00\x00\x00\x04\xff\x0c\x00EM\x08\x00"
+    data = header + struct.pack("<Q", HONEST) + b"".join(parts) + struct.pack("<II", crc, 0)
+    assert len(data) < HONEST / 500
+    path = tmp_path / f"zeros.{cls.file_extension}"
+    path.write_bytes(data)
+    tracemalloc.start()
+    try:
+        refused(cls, path, match="not an ember")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * len(data) + 2**20, peak  # the file read once, the head inflated
+
+
+def test_gzip_content_is_inflated_into_one_buffer_of_the_declared_size(tmp_path):
+    """A genuine record inflates into one buffer: its content is held once, never twice."""
+    weights = {"w": torch.arange(4 * 2**20, dtype=torch.uint8)}  # 4 MiB of content
+    data = er.CompactRecorder().save(weights, tmp_path / "big").read_bytes()
+    (size,) = struct.unpack_from("<Q", data, 16)
+    tracemalloc.start()
+    try:
+        content = gunzip_bytes(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert content == gzip.decompress(data) and len(content) == size
+    assert peak < size + 2**20, (peak, size)  # the content, and one piece being inflated
 
 
 def test_gzip_content_shorter_than_declared_is_refused(tmp_path):

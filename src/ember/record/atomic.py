@@ -34,10 +34,10 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | bytearray | m
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
-    _fsync_directory(directory)
+    fsync_directory(directory)
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     """Make a rename in `directory` durable (a no-op where directories cannot be opened)."""
     if os.name == "nt":
         return

@@ -21,7 +21,11 @@ platform without its wheels, or removed), by the standard library's zlib. The ou
 (equal input, equal bytes).
 
 Every header byte must be exactly this, and the content must inflate to exactly the declared
-size with a matching CRC-32. Gzip data without an extra field (records from earlier ember
+size with a matching CRC-32. Inflating is streamed and never holds more than the declared
+size: the content goes into one buffer of that size (no second copy), and a reader may look
+at the first 64 KiB of content (`check`: is it an ember record, with a header it reads?)
+before the rest is inflated, so a small file whose content is no record is refused after
+64 KiB whatever size it declares. Gzip data without an extra field (records from earlier ember
 releases, or a record recompressed with the gzip tool) is bounded by the size its trailer
 declares instead (ISIZE: the size modulo 4 GiB). A declared size larger than deflate can
 produce from the file's bytes (1032 to 1) is refused before anything is inflated. Several
@@ -37,7 +41,7 @@ import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
-from typing import Literal
+from typing import Callable, Literal
 
 from ember.errors import ConfigError
 from ember.record.problem import RecordProblem
@@ -75,6 +79,9 @@ _RAW_WBITS = -15  # raw deflate, no container
 _WINDOW = 32 * 1024  # deflate's history: each chunk is primed with this much before it
 _MEMBER_MIN = 18  # the smallest gzip member: 10-byte header, empty block, 8-byte trailer
 _FEED = 1 << 20  # compressed bytes handed to the decompressor at a time
+_PIECE = 1 << 18  # most content bytes inflated at a time
+HEAD_BYTES = 64 * 1024
+"""Content bytes inflated, and shown to a reader's check, before the rest."""
 
 
 def is_gzip(data: bytes) -> bool:
@@ -176,18 +183,20 @@ def declared_size(data: bytes | memoryview) -> int:
     return int(size)
 
 
-def gunzip_bytes(data: bytes) -> bytes:
+def gunzip_bytes(data: bytes, check: Callable[[bytes], object] | None = None) -> bytes | bytearray:
     """Decompress gzip data (one member, or several one after the other), never past
     the size each member declares.
 
     Damage, truncation, trailing bytes and content longer or shorter than declared are
-    problems; memory use is bounded by the declared sizes.
+    problems; memory use is bounded by the declared sizes (one buffer a member). `check`
+    is called with the first `HEAD_BYTES` of the content (all of it when shorter) before
+    the rest is inflated: it raises to refuse the content there.
     """
     view = memoryview(data)
-    pieces: list[bytes] = []
+    pieces: list[bytes | bytearray] = []
     position = 0
     while True:
-        piece, used = _inflate_member(view[position:])
+        piece, used = _inflate_member(view[position:], check if not pieces else None)
         pieces.append(piece)
         position += used
         if position == len(view):
@@ -197,12 +206,16 @@ def gunzip_bytes(data: bytes) -> bytes:
     return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
-def _inflate_member(data: memoryview) -> tuple[bytes, int]:
-    """Inflate the gzip member at the start of `data`: its content and its length."""
+def _inflate_member(
+    data: memoryview, check: Callable[[bytes], object] | None
+) -> tuple[bytes | bytearray, int]:
+    """Inflate the gzip member at the start of `data`: its content and its length. The
+    content goes into one buffer of the declared size once `check` passed its head."""
     size = declared_size(data)
     sized = bool(data[3] & _FEXTRA)
     decompressor = zlib.decompressobj(_GZIP_WBITS)
-    out: list[bytes] = []
+    head = bytearray()
+    out: bytearray | None = None
     produced = consumed = 0
     pending: bytes | memoryview = b""
     try:
@@ -212,12 +225,22 @@ def _inflate_member(data: memoryview) -> tuple[bytes, int]:
                     raise RecordProblem("the gzip data is truncated (the file is incomplete)")
                 pending = data[consumed : consumed + _FEED]
                 consumed += len(pending)
-            piece = decompressor.decompress(pending, size + 1 - produced)
+            want = HEAD_BYTES - produced if out is None else _PIECE
+            piece = decompressor.decompress(pending, min(want, size + 1 - produced))
             pending = decompressor.unconsumed_tail
-            out.append(piece)
-            produced += len(piece)
-            if produced > size:
+            if produced + len(piece) > size:
                 raise RecordProblem(_past_message(size, sized))
+            if out is None:
+                head += piece
+            else:
+                out[produced : produced + len(piece)] = piece
+            produced += len(piece)
+            if out is None and (produced >= HEAD_BYTES or decompressor.eof):
+                if check is not None:
+                    check(bytes(head))
+                out = bytearray(max(size, produced))
+                out[:produced] = head
+                head = bytearray()
     except zlib.error as exc:
         raise RecordProblem(f"the gzip data is damaged ({exc})") from None
     used = consumed - len(pending) - len(decompressor.unused_data)
@@ -228,7 +251,10 @@ def _inflate_member(data: memoryview) -> tuple[bytes, int]:
             f"the gzip data inflates to {produced} bytes, not the {size} it declares "
             "(the file is damaged)"
         )
-    return (out[0] if len(out) == 1 else b"".join(out)), used
+    assert out is not None
+    if produced < len(out):  # a member without ember's field, shorter than its trailer says
+        del out[produced:]
+    return out, used
 
 
 def _past_message(size: int, sized: bool) -> str:

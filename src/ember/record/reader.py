@@ -7,6 +7,7 @@ its cause, reaches the caller as a `RecordError` that names the file.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from ember.record.format import FORMATS, RecordFormat, sniff
 from ember.record.gz import gunzip_bytes, is_gzip
@@ -41,16 +42,22 @@ def decode_record(
             f"the file is gzip-compressed but {label} is not; "
             "ember.record.load() reads every ember format"
         )
-    inner = gunzip_bytes(data) if gzipped else data
-    fmt = sniff(inner)
-    if fmt is None:
-        raise RecordProblem(f"not {label}: {describe(inner)}")
-    if expected is not None and fmt is not expected:
-        raise RecordProblem(
-            f"it holds an ember {fmt.title} record, not {label}; "
-            "ember.record.load() reads every ember format"
-        )
-    return fmt.decode(inner)
+
+    def identify(content: bytes) -> RecordFormat:
+        fmt = sniff(content)
+        if fmt is None:
+            raise RecordProblem(f"not {label}: {describe(content)}")
+        if expected is not None and fmt is not expected:
+            raise RecordProblem(
+                f"it holds an ember {fmt.title} record, not {label}; "
+                "ember.record.load() reads every ember format"
+            )
+        return fmt
+
+    # gzip content is identified from its first bytes, before the rest is inflated; it
+    # comes in a bytearray, which every decoder reads as it reads bytes (no copy)
+    inner = cast(bytes, gunzip_bytes(data, check=identify)) if gzipped else data
+    return identify(inner).decode(inner)
 
 
 def describe(data: bytes) -> str:

@@ -4,20 +4,22 @@ The learner keeps it in memory and in `history.jsonl` in the artifact directory.
 Summaries, plots, early stopping and the best-checkpoint choice read it; nothing
 parses numbers back from `experiment.log`, which is text for people.
 
-`history.jsonl` (format "ember-history", version 2) is JSON Lines: a header, then
+`history.jsonl` (format "ember-history", version 3) is JSON Lines: a header, then
 one record per change, each appended, flushed and fsynced as it happens, so an
-epoch end costs one short line however long the run:
+epoch end costs one short line however long the run. Every line is sealed
+(`ember.train.sealed`): it ends with the CRC-32 of its own bytes, and each record
+carries its line number `n`, so a damaged line and a lost one are told apart from a
+line never written:
 
 ```
-{"format": "ember-history", "version": 2}
-{"model": "Model", "num_parameters": 7850}
-{"epoch": 1, "train": {"Loss": 0.3101..., "Accuracy": 91.2...}, "valid": {"Loss": 0.22...}}
-{"checkpoints": {"add": [1], "remove": []}}
-{"epoch": 2, "train": {...}, "valid": {...}}
-{"checkpoints": {"add": [2], "remove": [1]}}
-{"point": {"epoch": 3, "iteration": 40, "valid": {"Loss": 0.21...}}}
-{"keep_before": 2, "iteration": 0}
-{"outcome": "completed", "stop_reason": {"reason": "completed"}}
+{"format": "ember-history", "version": 3, "id": "5f0c...", "crc32": "..."}
+{"model": "Model", "num_parameters": 7850, "n": 2, "crc32": "..."}
+{"epoch": 1, "train": {"Loss": 0.3101...}, "valid": {"Loss": 0.22...}, "n": 3, "crc32": "..."}
+{"checkpoints": {"add": [1], "remove": []}, "n": 4, "crc32": "..."}
+{"epoch": 2, "train": {...}, "valid": {...}, "n": 5, "crc32": "..."}
+{"checkpoints": {"add": [2], "remove": [1]}, "n": 6, "crc32": "..."}
+{"point": {"epoch": 3, "iteration": 40, "valid": {"Loss": 0.21...}}, "n": 7, "crc32": "..."}
+{"outcome": "completed", "stop_reason": {"reason": "completed"}, "n": 8, "crc32": "..."}
 ```
 
 Reading replays the records in order: an epoch record adds the epoch (replacing
@@ -26,14 +28,19 @@ resumed before them redoes them) and clears the outcome, `checkpoints` adds and
 removes epochs with a complete checkpoint after retention, `point` adds a validation
 inside an epoch (`valid_every`: the epoch, the training batches done in it, the
 values), `keep_before` also forgets the points after `iteration` batches of its
-epoch, and `outcome` comes with `stop_reason` (`Outcome.to_json()`, or null). A line cut short by a
-kill (the last one, without its newline) is ignored. A process that starts writing
-a history (a new run, or one resumed) first rewrites the whole file atomically
-(header and one record per fact), then appends.
+epoch, and `outcome` comes with `stop_reason` (`Outcome.to_json()`, or null). A line cut
+short by a kill (the last one, without its newline) is ignored; any other line that
+is not what was written (its checksum differs, it is not JSON, a line number is
+skipped) is damage: `load` refuses the file naming the line and the fix, and
+`salvage` (what `ember repair` uses) keeps every intact record. A process that
+starts writing a history (a new run, or one resumed) first rewrites the whole file
+atomically (a new header `id`, and one record per fact), then appends; a checkpoint
+notes the `id` and the lines the file had, so a resume tells lines lost from its end.
 
 Values are the learner's epoch values at full precision (floats written as their
 shortest round-tripping text); NaN and infinities are the strings "nan", "inf" and
-"-inf". The `history.json` of runs made by earlier versions (format version 1, one
+"-inf". Files of version 2 (the same records without `n` and checksums) are read as
+they are; the `history.json` of runs made by earlier versions (format version 1, one
 JSON object rewritten at every epoch) is still read by `RunHistory.load`; `to_json`
 gives that object's layout.
 """
@@ -43,19 +50,42 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
-from ember.errors import ConfigError, EmberError
+from ember.errors import ConfigError, EmberError, RunRecordError
+from ember.train.sealed import SealBroken, not_json, seal, unseal
 
 History = Sequence[tuple[int, Mapping[str, Mapping[str, float]]]]
 """Completed epochs in order: (epoch, {split: {metric name: epoch value}})."""
 
 FORMAT = "ember-history"
-VERSION = 2
-"""The version `history.jsonl` is written in; version 1 (`history.json`) is read too."""
+VERSION = 3
+"""The version `history.jsonl` is written in; versions 1 (`history.json`) and 2 (lines
+without checksums) are read too."""
+READ_VERSIONS = (2, 3)
+"""The JSON Lines versions this ember reads."""
+
+
+def repair_hint(directory: str | os.PathLike[str]) -> str:
+    """The fix for a damaged or missing run record of the run in `directory`."""
+    return (
+        f"Run `ember repair {directory}`: it keeps every intact record, rebuilds the rest from "
+        "the metric logs and the checkpoints, and keeps the damaged file beside them as "
+        "<name>.damaged; or train again with LearnerBuilder(dir, overwrite=True)."
+    )
+
+
+def damaged(file: Path, problem: str, line: int | None = None) -> RunRecordError:
+    """The error of a damaged or missing run record: the file (and line), the problem
+    and the fix; the error's `problem` holds the problem alone."""
+    where = f"{file}, line {line}" if line is not None else str(file)
+    error = RunRecordError(f"{where}: {problem}. {repair_hint(file.parent)}")
+    error.problem = f"line {line}: {problem}" if line is not None else problem
+    return error
 
 
 Points = Sequence[tuple[int, "int | None", Mapping[str, Mapping[str, float]]]]
@@ -176,6 +206,15 @@ class RunHistory:
         stopping "rule", "split", "metric", "epoch", "value", "reference")."""
         self.model: str | None = None
         self.num_parameters: int | None = None
+        self.repairs: list[dict[str, Any]] = []
+        """What `ember repair` did to the file, oldest first: when (`at`, Unix time), the
+        problems it dropped (`dropped`) and the epochs it rebuilt from the metric logs
+        (`rebuilt`: their values are the means of the log lines)."""
+        self.file_id: str | None = None
+        """The `id` of the file's header (a random token each time the file is rewritten
+        whole); None for a file of an earlier version, or none."""
+        self.lines = 0
+        """The lines the file holds (its header included), as read or written."""
         self._lock = threading.Lock()
         self._written: Path | None = None
         """The file this object has written whole, and now appends to."""
@@ -233,6 +272,12 @@ class RunHistory:
             self._keep_before(epoch, iteration)
             self._write({"keep_before": epoch, "iteration": iteration})
 
+    def trim(self, epoch: int, iteration: int = 0) -> None:
+        """`keep_before` in memory only: a resumed run writes nothing before every check
+        passed, and its first record then rewrites the whole file from what is kept."""
+        with self._lock:
+            self._keep_before(epoch, iteration)
+
     def _keep_before(self, epoch: int, iteration: int) -> None:
         self.epochs = [(e, v) for e, v in self.epochs if e < epoch]
         self.points = [p for p in self.points if (p[0], p[1]) <= (epoch, iteration)]
@@ -257,6 +302,12 @@ class RunHistory:
             self.outcome = str(outcome)
             self.stop_reason = to_json() if callable(to_json) else None
             self._write({"outcome": self.outcome, "stop_reason": self.stop_reason})
+
+    def rewrite(self) -> None:
+        """Write the whole file now (atomically), from what this history holds."""
+        with self._lock:
+            self._written = None
+            self._write({})
 
     # Reading --------------------------------------------------------------------------
     def entries(self) -> list[tuple[int, dict[str, dict[str, float]]]]:
@@ -286,51 +337,139 @@ class RunHistory:
             data["points"] = [_point_record(e, i, values) for e, i, values in self.points]
         return data
 
+    @property
+    def written(self) -> bool:
+        """Whether this object has written its file (a fit that never did leaves it as it was)."""
+        return self._written is not None and self._written == self.path
+
+    def mark(self) -> tuple[str, int] | None:
+        """The file's `id` and its lines now, for a checkpoint to note (None before this
+        object has written it): a resume from that checkpoint then knows the lines the
+        file must have."""
+        with self._lock:
+            if not self.written or self.file_id is None:
+                return None
+            return self.file_id, self.lines
+
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> RunHistory:
-        """Read `history.jsonl` (or an earlier version's `history.json`); a missing or
-        foreign file, or a malformed complete line, is an `EmberError` naming it."""
-        file = Path(path)
+        """Read `history.jsonl` (or an earlier version's `history.json`); a missing,
+        foreign or damaged file (a line whose checksum differs, that is not JSON or not a
+        record, a line number skipped) is a `RunRecordError` naming the file, the line
+        and the fix."""
+        return cls._read(Path(path), None)
+
+    @classmethod
+    def salvage(cls, path: str | os.PathLike[str]) -> tuple[RunHistory, list[str]]:
+        """Read what can be read of a damaged history: every intact record, replayed in
+        order, and each problem in words ("line 7: ..."). A file that is missing or not a
+        run history at all is still a `RunRecordError`."""
+        problems: list[str] = []
+        return cls._read(Path(path), problems), problems
+
+    @classmethod
+    def _read(cls, file: Path, problems: list[str] | None) -> RunHistory:
         try:
-            text = file.read_text(encoding="utf-8")
+            data = file.read_bytes()
         except FileNotFoundError:
-            raise EmberError(f"{file}: no such history file.") from None
-        except (OSError, ValueError) as error:
-            raise EmberError(f"{file} is not a readable run history: {error}.") from None
+            raise RunRecordError(f"{file}: no such history file.") from None
+        except OSError as error:
+            raise RunRecordError(f"{file} cannot be read: {error}.") from None
         history = cls(file)
+        first = data.split(b"\n", 1)[0]
         try:
-            try:
-                header = json.loads(text.split("\n", 1)[0])
+            header = json.loads(first)
+        except ValueError:
+            header = None  # not JSON Lines: an earlier version's indented history.json
+        if isinstance(header, dict) and header.get("format") == FORMAT and "epochs" in header:
+            history._read_v1(header, file)
+        elif isinstance(header, dict) and "epochs" not in header:
+            history._read_lines(data, header, file, problems)
+        else:
+            try:  # a version 1 file laid out over several lines
+                whole = json.loads(data)
             except ValueError:
-                header = None  # not JSON Lines: an earlier version's indented history.json
-            if isinstance(header, dict) and header.get("format") == FORMAT and "epochs" in header:
-                history._apply_v1(header, file)
-            elif isinstance(header, dict) and "epochs" not in header:
-                history._check_header(header, file)
-                for number, line in enumerate(text.split("\n")[1:-1], start=2):
-                    if line.strip():
-                        history._apply(json.loads(line), file, number)
+                whole = None
+            if not isinstance(whole, dict) or whole.get("format") != FORMAT:
+                if problems is None or not data.strip():
+                    raise damaged(file, f"not an ember run history (no format {FORMAT!r})", 1)
+                problems.append("line 1: not the header of an ember run history")
+                history._read_lines(data, {"format": FORMAT, "version": VERSION}, file, problems)
             else:
-                try:  # a version 1 file laid out over several lines
-                    history._apply_v1(json.loads(text), file)
-                except ValueError:
-                    raise EmberError(
-                        f"{file} is not an ember run history (no format {FORMAT!r})."
-                    ) from None
-        except ValueError as error:
-            raise EmberError(f"{file} is not a readable run history: {error}.") from None
-        except (KeyError, TypeError, AttributeError) as error:
-            raise EmberError(f"{file}: malformed run history ({error!r}).") from None
+                history._read_v1(whole, file)
         return history
 
-    def _check_header(self, header: Any, file: Path) -> None:
-        if not isinstance(header, dict) or header.get("format") != FORMAT:
-            raise EmberError(f"{file} is not an ember run history (no format {FORMAT!r}).")
-        if header.get("version") != VERSION:
-            raise EmberError(
-                f"{file} has history version {header.get('version')!r}; this ember reads "
-                f"versions 1 and {VERSION}. Upgrade ember to read it."
+    def _read_v1(self, data: dict[str, Any], file: Path) -> None:
+        try:
+            self._apply_v1(data, file)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise RunRecordError(f"{file}: malformed run history ({error!r}).") from None
+
+    def _read_lines(
+        self, data: bytes, header: dict[str, Any], file: Path, problems: list[str] | None
+    ) -> None:
+        """Replay the records of a JSON Lines history (the last line, cut short by a kill
+        when it has no newline, is left out). `problems` None: the first damage raises."""
+
+        def damage(number: int, problem: str) -> None:
+            if problems is None:
+                raise RunRecordError(
+                    f"{file}, line {number}: {problem}. {repair_hint(file.parent)}"
+                )
+            problems.append(f"line {number}: {problem}")
+
+        lines = data.split(b"\n")
+        version = header.get("version")
+        if header.get("format") != FORMAT:
+            raise RunRecordError(f"{file} is not an ember run history (no format {FORMAT!r}).")
+        if version not in READ_VERSIONS:
+            raise RunRecordError(
+                f"{file} has history version {version!r}; this ember reads versions 1 to "
+                f"{VERSION}. Upgrade ember to read it."
             )
+        sealed = version == VERSION
+        if sealed:
+            try:
+                unsealed, was_sealed = unseal(lines[0])
+                if not was_sealed:
+                    raise SealBroken("the header has no checksum")
+                self.file_id = str(unsealed["id"])
+            except (SealBroken, KeyError) as error:
+                damage(1, f"the header is damaged ({error})")
+        expected = 2
+        for number, line in enumerate(lines[1:-1], start=2):
+            try:
+                if sealed:
+                    record, was_sealed = unseal(line)
+                    if not was_sealed:
+                        raise SealBroken(
+                            "it has no checksum (it was edited, or written by another program)"
+                        )
+                    count = record.pop("n", None) if isinstance(record, dict) else None
+                    if count != expected:
+                        if type(count) is int and count > expected:
+                            damage(number, _lost(expected, count - 1))
+                        elif type(count) is int:
+                            damage(number, f"it repeats record {count}")
+                        else:
+                            damage(number, "it has no record number")
+                    expected = (count if type(count) is int else expected) + 1
+                elif not line.strip():
+                    continue
+                else:
+                    record = json.loads(line)
+            except SealBroken as error:
+                damage(number, f"the line is damaged: {error}")
+                expected += 1
+                continue
+            except ValueError as error:
+                damage(number, f"the line is damaged: {not_json(error)}")
+                continue
+            try:
+                self._apply(record, file, number)
+            except (KeyError, TypeError, ValueError, AttributeError, EmberError) as error:
+                damage(number, f"the line is not a history record ({error})")
+        self.lines = len(lines) - 1
 
     def _apply_v1(self, data: Any, file: Path) -> None:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -375,6 +514,8 @@ class RunHistory:
         elif "model" in record:
             self.model = record["model"]
             self.num_parameters = record.get("num_parameters")
+        elif "repaired" in record and isinstance(record["repaired"], dict):
+            self.repairs.append(record["repaired"])
         else:
             raise EmberError(f"{file}: line {line} is not a history record: {record!r}.")
 
@@ -393,9 +534,10 @@ class RunHistory:
 
     def _records(self) -> list[dict[str, Any]]:
         """Everything this history holds, as the records that rebuild it."""
-        records: list[dict[str, Any]] = [{"format": FORMAT, "version": VERSION}]
+        records: list[dict[str, Any]] = []
         if self.model is not None:
             records.append({"model": self.model, "num_parameters": self.num_parameters})
+        records += [{"repaired": repair} for repair in self.repairs]
         records += [
             _epoch_record(epoch, values, self.counters.get(epoch)) for epoch, values in self.epochs
         ]
@@ -409,25 +551,43 @@ class RunHistory:
         return records
 
     def _write(self, record: dict[str, Any]) -> None:
-        """Append `record` (the first write rewrites the whole file atomically)."""
+        """Append `record` (the first write rewrites the whole file atomically); a failed
+        write is a `RunRecordError` saying so."""
         if self.path is None:
             return
-        if self._written != self.path:
-            from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
+        try:
+            if self._written != self.path:
+                from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
 
-            text = "".join(_line(one) for one in self._records())
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(self.path, text.encode("utf-8"))
-            self._written = self.path
-            return
-        with open(self.path, "ab") as file:
-            file.write(_line(record).encode("utf-8"))
-            file.flush()
-            os.fsync(file.fileno())
+                file_id = secrets.token_hex(8)
+                records = self._records()
+                lines = [seal({"format": FORMAT, "version": VERSION, "id": file_id})]
+                lines += [_line(one, number) for number, one in enumerate(records, start=2)]
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(self.path, b"\n".join(lines) + b"\n")
+                self._written, self.file_id, self.lines = self.path, file_id, len(lines)
+                return
+            with open(self.path, "ab") as file:
+                file.write(_line(record, self.lines + 1) + b"\n")
+                file.flush()
+                os.fsync(file.fileno())
+            self.lines += 1
+        except OSError as error:
+            raise RunRecordError(
+                f"Writing the run history {self.path} failed ({error.strerror or error}). Free "
+                "disk space or fix its permissions; the records written before stay whole."
+            ) from error
 
 
-def _line(record: Mapping[str, Any]) -> str:
-    return json.dumps(record, allow_nan=False, separators=(", ", ": ")) + "\n"
+def _lost(first: int, last: int) -> str:
+    if first == last:
+        return f"the line before it is missing (record {first} was lost)"
+    return f"{last - first + 1} lines before it are missing (records {first} to {last} were lost)"
+
+
+def _line(record: Mapping[str, Any], number: int) -> bytes:
+    """One sealed line (without its newline): the record and its line number."""
+    return seal({**record, "n": number})
 
 
 def _epoch_record(

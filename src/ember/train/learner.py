@@ -24,7 +24,7 @@ from ember.train.files.lock import RunLock
 from ember.train.fit.finish import close, failure, print_summary
 from ember.train.fit.loop import TrainLoop
 from ember.train.fit.notices import ConsoleNotices
-from ember.train.fit.parts import Lasting
+from ember.train.fit.parts import FitParts, Lasting
 from ember.train.fit.points import ValidationPoints
 from ember.train.fit.prepare import prepare, start
 from ember.train.fit.state import FitState
@@ -273,8 +273,8 @@ class Learner:
         recording = options.memory_history
         if recording is not None:
             start_memory_history(recording)
-        try:
-            with signal_handlers(options.interrupter, options.preemption):
+        with signal_handlers(options.interrupter, options.preemption) as signals:
+            try:
                 if options.cadence is not None:
                     options.cadence.start()  # max_time counts from here
                 start(parts, state, notes, valid)
@@ -282,45 +282,55 @@ class Learner:
                     notices.ready()
                 parts.events.hook("on_fit_start", parts.resume.position.epoch)
                 reason = TrainLoop(parts, state).run()
+                signals.closing()  # the training ended: a Ctrl-C no longer cuts the run short
                 parts.events.hook("on_fit_end", state.epoch)
                 parts.checkpoints.finish()  # the last checkpoint is on disk, or the run failed
-            self._outcome = reason
-            log.info("Training %s after epoch %d.", reason, state.epoch)
-            if options.preemption is not None:  # requeue a preempted SLURM job
-                again = (StopReason.PREEMPTED, StopReason.TIME_LIMIT)
-                unfinished = isinstance(reason, Outcome) and reason.reason in again
-                options.preemption.after(unfinished, parts.main)
-            skipped = state.skipped_steps + (parts.manual.skipped if parts.manual else 0)
-            if skipped:
-                log.info(
-                    "Skipped %d optimizer step%s with a non-finite loss (nonfinite_loss('skip')).",
-                    skipped,
-                    "" if skipped == 1 else "s",
-                )
-            if restore_best:
-                parts.checkpoints.restore_best(self.model, dist)
-            if dist is not None and dist.sharding is not None:
-                self._whole = dist.sharding.gathered_model()  # before the group closes
-            if options.summary and parts.main:
-                print_summary(parts, reason)
-        except BaseException as error:
-            if isinstance(error, torch.OutOfMemoryError):
-                note_out_of_memory(error, state.epoch, state.iteration, self.optim.micro_split)
+                self._outcome = reason
+                self._after(parts, reason, restore_best, dist)
+            except BaseException as error:
+                if isinstance(error, torch.OutOfMemoryError):
+                    note_out_of_memory(error, state.epoch, state.iteration, self.optim.micro_split)
+                    if recording is not None:
+                        rank = dist.rank if dist is not None else 0
+                        memory_post_mortem(error, self.kit.artifacts.memory_snapshot(rank))
+                reason = self._outcome = failure(state, dist, error)
+                raise
+            finally:
+                signals.closing()
                 if recording is not None:
-                    rank = dist.rank if dist is not None else 0
-                    memory_post_mortem(error, self.kit.artifacts.memory_snapshot(rank))
-            reason = self._outcome = failure(state, dist, error)
-            raise
-        finally:
-            if recording is not None:
-                stop_memory_history()
-            if notices is not None:
-                notices.ready()  # before the renderer's last line
-            close(parts, state, reason)
-            if notices is not None:
-                notices.uninstall()
-            parts.app_log.uninstall()
+                    stop_memory_history()
+                if notices is not None:
+                    notices.ready()  # before the renderer's last line
+                close(parts, state, reason)
+                if notices is not None:
+                    notices.uninstall()
+                parts.app_log.uninstall()
         return self.model
+
+    def _after(
+        self, parts: FitParts, reason: Outcome, restore_best: bool, dist: Distributed | None
+    ) -> None:
+        """The training ended: log how, requeue a preempted job, restore the best weights,
+        gather a sharded model, print the summary."""
+        state, options = self._state, self.options
+        log.info("Training %s after epoch %d.", reason, state.epoch)
+        if options.preemption is not None:  # requeue a preempted SLURM job
+            again = (StopReason.PREEMPTED, StopReason.TIME_LIMIT)
+            unfinished = isinstance(reason, Outcome) and reason.reason in again
+            options.preemption.after(unfinished, parts.main)
+        skipped = state.skipped_steps + (parts.manual.skipped if parts.manual else 0)
+        if skipped:
+            log.info(
+                "Skipped %d optimizer step%s with a non-finite loss (nonfinite_loss('skip')).",
+                skipped,
+                "" if skipped == 1 else "s",
+            )
+        if restore_best:
+            parts.checkpoints.restore_best(self.model, dist)
+        if dist is not None and dist.sharding is not None:
+            self._whole = dist.sharding.gathered_model()  # before the group closes
+        if options.summary and parts.main:
+            print_summary(parts, reason)
 
     # After the run ---------------------------------------------------------------
     def model_state_dict(self) -> dict[str, Any]:

@@ -1,5 +1,7 @@
 """The learner summary: each metric's lowest and highest epoch value, from the run history,
-and the last epoch's count matrix of each matrix metric (confusion matrices)."""
+and the last epoch's count matrix of each matrix metric (confusion matrices). A run
+that ended inside its first epoch is summarised from the metric logs of that epoch so
+far, and said so; epochs missing from a history are named, never counted."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 from ember.errors import EmberError
 from ember.train.files.artifacts import SPLITS, Artifacts
 from ember.train.files.metric_files import format_value, metric_stem, read_metric_log
-from ember.train.history import RunHistory
+from ember.train.history import RunHistory, repair_hint
 from ember.train.metric.base import weighted_mean
 
 
@@ -31,6 +33,12 @@ def epoch_values(
                     stem = metric_stem(name)
                     series.setdefault((split, stem), []).append((epoch, value))
         return series
+    return log_means(artifacts)
+
+
+def log_means(artifacts: Artifacts) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """Per (split, metric file name): the weighted mean of each epoch's metric log lines."""
+    series: dict[tuple[str, str], list[tuple[int, float]]] = {}
     for split in SPLITS:
         for epoch, stem, path in artifacts.metric_logs(split):
             lines = read_metric_log(path)
@@ -63,6 +71,22 @@ def point_values(directory: str | os.PathLike[str]) -> dict[str, list[tuple[int,
                     found = weighted_mean(lines)
                 series.setdefault(path.stem, []).append((epoch, iteration, found))
     return series
+
+
+def unfinished_epoch(
+    directory: str | os.PathLike[str],
+) -> tuple[dict[tuple[str, str], list[tuple[int, float]]], str | None]:
+    """A run whose history holds no epoch (it stopped or failed inside the first one):
+    the weighted means of the metric logs of that epoch so far, and a note saying so."""
+    series = log_means(Artifacts(directory))
+    if not series:
+        return series, None
+    epochs = sorted({epoch for values in series.values() for epoch, _ in values})
+    where = ", ".join(map(str, epochs))
+    return series, (
+        f"no epoch ended: the values are the means of the metric log lines of epoch {where} "
+        "so far (whole-epoch metrics, such as AUROC, are not the means of their lines)"
+    )
 
 
 @dataclass(frozen=True)
@@ -123,6 +147,9 @@ class LearnerSummary:
     matrices: tuple[MatrixSummary, ...] = ()
     outcome: str | None = None
     """How the run ended (`history.json`), or None while it runs or when unknown."""
+    note: str | None = None
+    """What the table does not show as it is: epochs missing from the history, or values
+    of an epoch that did not end (read from its metric logs)."""
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike[str]) -> LearnerSummary:
@@ -131,7 +158,17 @@ class LearnerSummary:
             raise EmberError(f"{root}: no such artifact directory.")
         rows: list[MetricSummary] = []
         series = epoch_values(root)
-        last_epoch = max((epoch for values in series.values() for epoch, _ in values), default=0)
+        note = None
+        if not series and Artifacts(root).saved_history is not None:
+            series, note = unfinished_epoch(root)
+        seen = sorted({epoch for values in series.values() for epoch, _ in values})
+        missing = sorted(set(range(1, seen[-1] + 1)).difference(seen)) if seen else []
+        if missing and note is None:
+            listing = ", ".join(map(str, missing))
+            note = (
+                f"no values of epoch(s) {listing} in the history: its lines were lost "
+                f"({repair_hint(root)})"
+            )
         for (split, name), values in series.items():
             low = min(values, key=lambda item: item[1])
             high = max(values, key=lambda item: item[1])
@@ -148,7 +185,9 @@ class LearnerSummary:
         if history is not None:
             saved = RunHistory.load(history)
             model, parameters, outcome = saved.model, saved.num_parameters, saved.outcome
-        return cls(root, last_epoch, model, parameters, tuple(rows), last_matrices(root), outcome)
+        return cls(
+            root, len(seen), model, parameters, tuple(rows), last_matrices(root), outcome, note
+        )
 
     def table(self) -> str:
         """A plain-text table, for terminals and experiment.log alike."""
@@ -174,11 +213,10 @@ class LearnerSummary:
             f"{self.model}, {self.num_parameters:,} parameters" if self.model else "model unknown"
         )
         ended = f"; outcome: {self.outcome}" if self.outcome is not None else ""
-        lines = [
-            f"Summary of {self.artifact_dir}: {self.epochs} epochs, {model}{ended}",
-            line(header),
-            rule,
-        ]
+        lines = [f"Summary of {self.artifact_dir}: {self.epochs} epochs, {model}{ended}"]
+        if self.note is not None:
+            lines.append(f"Note: {self.note}")
+        lines += [line(header), rule]
         lines += [line(row) for row in body]
         for matrix in self.matrices:
             lines += ["", matrix.table()]

@@ -1,14 +1,21 @@
 """`FileCheckpointer`: one record per part and epoch, e.g. `checkpoint/model-3.mpk.gz`.
 
-A checkpoint is complete when its three parts exist. The `scheduler` part (which also
-holds the loop position and RNG states) is removed first and written last, so a crash
-at any moment leaves either a complete, consistent set or one that is ignored.
+A checkpoint is complete when its three parts exist. A new checkpoint of an epoch is
+first written whole into `checkpoint/.epoch-N.next/` (the `scheduler` part, which also
+holds the loop position and RNG states, last); only then do its parts replace the
+epoch's (the old `scheduler` part removed first, the new one moved in last). While a
+staged set is whole, it is the epoch's checkpoint, whatever has been moved out of it:
+a kill at any instant leaves the previous checkpoint of the epoch (a mid-epoch one that
+the next replaces, say) or the new one, never neither. The next write finishes a
+replacement a kill interrupted, or drops a staged set that was cut short; reading
+never writes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,6 +30,8 @@ from ember.train.files.artifacts import (
     checkpoint_path,
     checkpoint_shard_path,
     checkpoint_shards,
+    checkpoint_staging,
+    staged_checkpoints,
 )
 from ember.train.history import History
 
@@ -115,19 +124,20 @@ class FileCheckpointer:
 
         def job() -> None:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self.path("scheduler", epoch).unlink(missing_ok=True)  # incomplete until rewritten
+            self._settle()
+            staged = checkpoint_staging(self.directory, epoch)
+            staged.mkdir(exist_ok=True)
             try:
-                written = [
-                    self.recorder.save(tree, self.path(part, epoch), kind=kind)
-                    for part, tree, kind in parts
-                ]
+                for part, tree, kind in parts:  # the scheduler part last: the set is whole
+                    self.recorder.save(tree, staged / self.path(part, epoch).name, kind=kind)
             except BaseException:
-                self.delete(epoch)  # an incomplete set is useless: free its space
+                shutil.rmtree(staged, ignore_errors=True)  # the checkpoint before it stays
                 raise
+            self._replace(epoch)
             if self.strategy is not None:
                 apply_retention(self, self.strategy, history)
             if on_saved is not None:
-                on_saved([Path(path).name for path in written])
+                on_saved([self.path(part, epoch).name for part, _, _ in parts])
 
         if self._writer is None:
             job()
@@ -144,8 +154,42 @@ class FileCheckpointer:
         if self._writer is not None:
             self._writer.wait()
 
+    def _replace(self, epoch: int) -> None:
+        """Move the whole staged set of `epoch` over its checkpoint: the old scheduler
+        part goes first, the new one comes last (parts moved before a kill are skipped)."""
+        from ember.record.atomic import fsync_directory  # ember.record loads msgpack
+
+        staged = checkpoint_staging(self.directory, epoch)
+        fsync_directory(staged)
+        self.path("scheduler", epoch).unlink(missing_ok=True)
+        for part in PARTS:
+            source = staged / self.path(part, epoch).name
+            if source.exists():
+                os.replace(source, self.path(part, epoch))
+        fsync_directory(self.directory)
+        shutil.rmtree(staged, ignore_errors=True)
+
+    def _settle(self) -> None:
+        """Finish a replacement a kill interrupted (its staged set is whole); drop a staged
+        set a kill cut short (the checkpoint it was to replace is still whole)."""
+        for epoch, staged in staged_checkpoints(self.directory).items():
+            if (staged / self.path("scheduler", epoch).name).exists():
+                self._replace(epoch)
+            else:
+                shutil.rmtree(staged, ignore_errors=True)
+
+    def _part(self, part: str, epoch: int) -> Path:
+        """Where a part of `epoch` is read: from its staged set while that set is whole (a
+        replacement under way, or cut short by a kill), else from the directory."""
+        staged = checkpoint_staging(self.directory, epoch)
+        if (staged / self.path("scheduler", epoch).name).exists():
+            candidate = staged / self.path(part, epoch).name
+            if candidate.exists():
+                return candidate
+        return self.path(part, epoch)
+
     def load(self, epoch: int, part: str, target: Any) -> Any:
-        path = self.path(part, epoch)
+        path = self._part(part, epoch)
         if not path.exists():
             available = self.epochs()
             listing = ", ".join(map(str, available)) if available else "none"
@@ -168,14 +212,17 @@ class FileCheckpointer:
 
     def epochs(self) -> list[int]:
         """The epochs with a complete checkpoint (all three parts), oldest first."""
+        found = set(checkpoint_epochs(self.directory, "scheduler", self.extension))
+        found.update(staged_checkpoints(self.directory))
         return [
             epoch
-            for epoch in checkpoint_epochs(self.directory, "scheduler", self.extension)
-            if all(self.path(part, epoch).exists() for part in PARTS)
+            for epoch in sorted(found)
+            if all(self._part(part, epoch).exists() for part in PARTS)
         ]
 
     def delete(self, epoch: int) -> None:
         """Remove every part of `epoch`, the scheduler part first (missing parts are fine)."""
+        shutil.rmtree(checkpoint_staging(self.directory, epoch), ignore_errors=True)
         for part in ("scheduler", "model", "optim"):
             self.path(part, epoch).unlink(missing_ok=True)
             for shard in checkpoint_shards(self.directory, part, epoch, self.extension):

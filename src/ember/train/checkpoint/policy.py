@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ember.errors import TrainingError
+from ember.errors import RunRecordError, TrainingError
 from ember.lr.base import ConstantLr
 from ember.rng import capture_rng_state, restore_rng_state
 from ember.train.checkpoint.base import Checkpointer
@@ -55,6 +55,9 @@ class CheckpointPolicy:
         self.resume_from = resume_from
         self.on_error = on_error
         self.history = history
+        self.data: dict[str, Any] | None = None
+        """What each checkpoint notes of the training data (`BatchPlanner.data_state`),
+        for a mid-epoch resume to tell when the data changed."""
 
     # Resuming -----------------------------------------------------------------------
     def resume_point(self) -> Resume:
@@ -142,6 +145,11 @@ class CheckpointPolicy:
         }
         if lines is not None:
             learner["log_lines"] = lines
+        if self.data is not None:
+            learner["data"] = dict(self.data)
+        mark = self.history.mark()
+        if mark is not None:  # the history's lines now: a resume from here finds them all
+            learner["history_mark"] = list(mark)
         if metric_states is not None:  # every rank's share of the epoch so far
             learner["metric_states"] = (
                 dist.all_gather(metric_states) if dist is not None else [metric_states]
@@ -243,7 +251,10 @@ class CheckpointPolicy:
             if latest is not None
             else "no complete checkpoint exists"
         )
-        message = f"Writing a checkpoint failed ({type(error).__name__}: {error}); {last}."
+        if isinstance(error, RunRecordError):  # the history, in the writer's thread
+            message = f"{error} The checkpoint was written; {last}."
+        else:
+            message = f"Writing a checkpoint failed ({type(error).__name__}: {error}); {last}."
         if self.on_error == "warn":
             log.error("%s Training goes on (on_checkpoint_error='warn').", message)
             return

@@ -10,7 +10,9 @@ ARTIFACT_DIR/
 ├── wandb-run.json              the W&B run this run logs to, and its steps (wandb_logger.py)
 ├── wandb/                      W&B's own files (offline runs), when a W&B logger is used
 ├── .lock                       the run using the directory (host, pid, start time, boot id)
-├── checkpoint/                 the file checkpointer's records
+├── checkpoint/                 the file checkpointer's records (`.epoch-N.next/`: a
+│                               checkpoint of epoch N written whole before it replaces the
+│                               one there)
 ├── train/epoch-N/<Metric>.log  one "value,weight" line per iteration
 ├── train/epoch-N/<Metric>.json the epoch's count matrix of a matrix metric (confusion matrix)
 ├── valid/epoch-N/<Metric>.log  the end-of-epoch validation
@@ -55,6 +57,7 @@ SPLITS = ("train", "valid")
 _EPOCH_DIR = re.compile(r"^epoch-(\d+)$")
 _POINT_DIR = re.compile(r"^iteration-(\d+)$")
 _TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
+_STAGED_DIR = re.compile(r"^\.epoch-(\d+)\.next$")
 log = logging.getLogger(__name__)
 
 
@@ -83,6 +86,28 @@ def checkpoint_shards(
     if not root.is_dir():
         return []
     return sorted(entry for entry in root.iterdir() if pattern.match(entry.name))
+
+
+def checkpoint_staging(directory: str | os.PathLike[str], epoch: int) -> Path:
+    """`directory/.epoch-<epoch>.next/`: where a checkpoint of `epoch` is written whole
+    before its parts replace the ones in `directory`."""
+    return Path(directory) / f".epoch-{epoch}.next"
+
+
+def staged_checkpoints(directory: str | os.PathLike[str]) -> dict[int, Path]:
+    """The staging folders in `directory` (`checkpoint_staging`), by epoch."""
+    return numbered_dirs(Path(directory), _STAGED_DIR)
+
+
+def numbered_dirs(directory: Path, pattern: re.Pattern[str]) -> dict[int, Path]:
+    """The folders in `directory` whose name `pattern` matches, by the number it captures."""
+    found: dict[int, Path] = {}
+    if directory.is_dir():
+        for entry in directory.iterdir():
+            match = pattern.match(entry.name)
+            if match and entry.is_dir():
+                found[int(match.group(1))] = entry
+    return found
 
 
 def checkpoint_epochs(directory: str | os.PathLike[str], part: str, extension: str) -> list[int]:
@@ -190,14 +215,7 @@ class Artifacts:
 
     def point_dirs(self, epoch: int) -> dict[int, Path]:
         """The `iteration-K` folders of epoch N's validation, by K."""
-        found: dict[int, Path] = {}
-        directory = self.epoch_dir("valid", epoch)
-        if directory.is_dir():
-            for entry in directory.iterdir():
-                match = _POINT_DIR.match(entry.name)
-                if match and entry.is_dir():
-                    found[int(match.group(1))] = entry
-        return found
+        return numbered_dirs(self.epoch_dir("valid", epoch), _POINT_DIR)
 
     @property
     def lr_find(self) -> Path:
@@ -240,14 +258,7 @@ class Artifacts:
 
     def epoch_dirs(self, split: str) -> dict[int, Path]:
         """The `epoch-N` folders of a split, by epoch."""
-        found: dict[int, Path] = {}
-        directory = self.split_dir(split)
-        if directory.is_dir():
-            for entry in directory.iterdir():
-                match = _EPOCH_DIR.match(entry.name)
-                if match and entry.is_dir():
-                    found[int(match.group(1))] = entry
-        return found
+        return numbered_dirs(self.split_dir(split), _EPOCH_DIR)
 
     def metric_logs(self, split: str) -> Iterator[tuple[int, str, Path]]:
         """`(epoch, file stem, path)` of every metric log of a split, oldest epoch first."""

@@ -3,7 +3,9 @@
 `ARTIFACT_DIR/.lock` names the process that uses the directory, as one line of JSON:
 its host, pid, the start time of the process and the boot id of the machine (both
 read from `/proc` on Linux; absent elsewhere), when the run started, and a random
-token that tells this lock from any other.
+token that tells this lock from any other. The line is sealed (`ember.train.sealed`:
+its CRC-32 as the last key), so a damaged lock reads as one holding no process record,
+never as another process; a lock of an earlier version, without it, is read as it is.
 
 - The lock is written whole to a temporary file first, which is then linked to the
   lock path (`os.link` fails if a lock is already there): no process ever sees a lock
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ember.errors import TrainingError
+from ember.train.sealed import SealBroken, seal, unseal
 
 try:
     import fcntl
@@ -94,19 +97,23 @@ class LockOwner:
             "since": self.since,
             "token": self.token,
         }
-        return json.dumps(record) + "\n"
+        return seal(record).decode("utf-8") + "\n"
 
     @classmethod
     def parse(cls, text: str) -> LockOwner | None:
         """The owner in a lock file's text; None if it holds none. Also reads the
         `PID HOST` line of the locks written by earlier versions."""
         try:
-            record: Any = json.loads(text)
+            json.loads(text)
         except ValueError:
             parts = text.split()
             if len(parts) == 2 and parts[0].isdigit() and int(parts[0]) > 0:
                 return cls(host=parts[1], pid=int(parts[0]))
             return None
+        try:
+            record: Any = unseal(text.encode("utf-8"))[0]
+        except SealBroken:
+            return None  # damaged: no owner can be read from it
         if not isinstance(record, dict):
             return None
         host, pid = record.get("host"), record.get("pid")

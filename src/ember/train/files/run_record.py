@@ -8,7 +8,15 @@
 - `sessions.json`: when each `fit` of the run started and ended (a resumed run adds
   a session), and how it ended; `ember compare` sums them into the run's wall time.
 
-Both are written atomically; their paths belong to `artifacts.py`.
+Both are written atomically and sealed (`ember.train.sealed`: the CRC-32 of the file's
+bytes as its last key, `"$crc32"` in `hparams.json`, whose other keys are the user's),
+so damage is told from absence; files of earlier versions, without it, are read as
+they are. Their paths belong to `artifacts.py`.
+
+A resumed run reads all of its records at once (`read_records`) and checks them against
+the checkpoint it resumes from (`check_resume`) before it writes anything: a damaged or
+missing record refuses the resume, naming the file, the line and the fix, and leaves
+the directory as it was.
 """
 
 from __future__ import annotations
@@ -20,15 +28,20 @@ import logging
 import math
 import os
 import time
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any, Mapping
 
-from ember.errors import ConfigError, EmberError
-from ember.train.files.artifacts import Artifacts
+from ember.errors import ConfigError, RunRecordError
+from ember.train.files.artifacts import SPLITS, Artifacts
+from ember.train.history import RunHistory, damaged
+from ember.train.sealed import SealBroken, seal, unseal
 
 log = logging.getLogger(__name__)
 SESSIONS_FORMAT = "ember-sessions"
-SESSIONS_VERSION = 1
+SESSIONS_VERSION = 2
+"""Sealed; version 1 (no checksum) is read too."""
+HPARAMS_KEY = "$crc32"
+"""The key of `hparams.json` holding its checksum (the others are the hyperparameters)."""
 
 
 # Hyperparameters ---------------------------------------------------------------------
@@ -45,6 +58,10 @@ def to_hparams(value: Any) -> dict[str, Any]:
         raise ConfigError(
             f"hparams() takes a dict, a dataclass or a pydantic model (e.g. an ember Config), "
             f"not {type(value).__name__}."
+        )
+    if HPARAMS_KEY in data:
+        raise ConfigError(
+            f"hparams: the key {HPARAMS_KEY!r} holds the checksum of hparams.json: rename it."
         )
     return _mapping(data, "")
 
@@ -125,43 +142,62 @@ def hparams_text(hparams: Mapping[str, Any]) -> str:
     return json.dumps(hparams, separators=(", ", ": "))
 
 
-def write_hparams(artifacts: Artifacts, hparams: Mapping[str, Any]) -> list[str]:
-    """Write `hparams.json` (atomically); returns the keys whose value differs from a
-    file already there (a resumed run given other hyperparameters)."""
+def write_hparams(
+    artifacts: Artifacts, hparams: Mapping[str, Any], previous: Mapping[str, Any] | None = None
+) -> list[str]:
+    """Write `hparams.json` (atomically); returns the keys whose value differs from
+    `previous` (the file a resumed run found, read before anything was written)."""
     from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
 
     changed: list[str] = []
-    previous = read_hparams(artifacts.root) if artifacts.hparams.exists() else None
     if previous is not None:
         old, new = flatten_hparams(previous), flatten_hparams(hparams)
         changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-    text = json.dumps(dict(hparams), indent=2, allow_nan=False) + "\n"
+    text = seal(dict(hparams), key=HPARAMS_KEY, indent=2) + b"\n"
     artifacts.root.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(artifacts.hparams, text.encode("utf-8"))
+    atomic_write_bytes(artifacts.hparams, text)
     return changed
+
+
+def _read_sealed(path: Path, key: str = "crc32") -> tuple[Any, bool] | None:
+    """The JSON in `path` and whether it was sealed; None when there is no file; a
+    `RunRecordError` naming the file and the fix when it is damaged."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise RunRecordError(
+            f"{path} cannot be read ({error.strerror or error}): fix its permissions."
+        ) from None
+    try:
+        return unseal(data, key)
+    except SealBroken as error:
+        raise damaged(path, str(error)) from None
 
 
 def read_hparams(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The hyperparameters of the run in `directory`; None when it recorded none."""
     path = Artifacts(directory).hparams
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    found = _read_sealed(path, HPARAMS_KEY)
+    if found is None:
         return None
-    except (OSError, ValueError) as error:
-        raise EmberError(f"{path} cannot be read ({error}).") from None
-    if not isinstance(data, dict):
-        raise EmberError(f"{path} does not hold a JSON object of hyperparameters.")
-    return data
+    if not isinstance(found[0], dict):
+        raise damaged(path, "it does not hold a JSON object of hyperparameters")
+    return found[0]
 
 
 def record_start(
-    artifacts: Artifacts, start_epoch: int, resumed: bool, hparams: Mapping[str, Any] | None
+    artifacts: Artifacts,
+    start_epoch: int,
+    hparams: Mapping[str, Any] | None,
+    records: SavedRecords | None,
 ) -> None:
-    """At the start of a `fit` (rank 0): write `hparams.json`, describe the
-    hyperparameters in `experiment.log`, and open a session in `sessions.json`."""
+    """At the start of a `fit` (rank 0), once every check passed: write `hparams.json`,
+    describe the hyperparameters in `experiment.log`, and open a session in
+    `sessions.json`. `records`: what a resumed run read before (None: a fresh run)."""
     if hparams is not None:
-        changed = write_hparams(artifacts, hparams)
+        changed = write_hparams(artifacts, hparams, records.hparams if records else None)
         log.info("Hyperparameters: %s", hparams_text(hparams))
         if changed:
             log.warning(
@@ -169,7 +205,7 @@ def record_start(
                 "hparams.json now holds this run's.",
                 ", ".join(changed),
             )
-    start_session(artifacts, start_epoch, resumed)
+    start_session(artifacts, start_epoch, records.sessions if records else [])
 
 
 # Sessions -----------------------------------------------------------------------------
@@ -185,16 +221,21 @@ class Session:
 
 def read_sessions(directory: str | os.PathLike[str]) -> list[Session]:
     """The sessions of the run in `directory`, oldest first; none for a run written by
-    an ember that did not record them."""
+    an ember that did not record them. A damaged file is a `RunRecordError`."""
     path = Artifacts(directory).sessions
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    found = _read_sealed(path)
+    if found is None:
         return []
-    except (OSError, ValueError) as error:
-        raise EmberError(f"{path} cannot be read ({error}).") from None
+    data, sealed = found
     if not isinstance(data, dict) or data.get("format") != SESSIONS_FORMAT:
-        raise EmberError(f"{path} is not an ember sessions file.")
+        raise damaged(path, "it is not an ember sessions file")
+    if data.get("version") not in (1, SESSIONS_VERSION):
+        raise RunRecordError(
+            f"{path} has sessions version {data.get('version')!r}; this ember reads versions "
+            f"1 and {SESSIONS_VERSION}. Upgrade ember to read it."
+        )
+    if data["version"] == SESSIONS_VERSION and not sealed:
+        raise damaged(path, "it has no checksum (it was edited, or written by another program)")
     try:
         return [
             Session(
@@ -206,7 +247,7 @@ def read_sessions(directory: str | os.PathLike[str]) -> list[Session]:
             for entry in data["sessions"]
         ]
     except (KeyError, TypeError, ValueError) as error:
-        raise EmberError(f"{path}: malformed sessions file ({error!r}).") from None
+        raise damaged(path, f"malformed sessions ({error!r})") from None
 
 
 def _write_sessions(artifacts: Artifacts, sessions: list[Session]) -> None:
@@ -217,18 +258,22 @@ def _write_sessions(artifacts: Artifacts, sessions: list[Session]) -> None:
         "version": SESSIONS_VERSION,
         "sessions": [dataclasses.asdict(session) for session in sessions],
     }
-    atomic_write_bytes(artifacts.sessions, (json.dumps(data, indent=1) + "\n").encode("utf-8"))
+    atomic_write_bytes(artifacts.sessions, seal(data, indent=1) + b"\n")
 
 
-def start_session(artifacts: Artifacts, start_epoch: int, resumed: bool) -> None:
-    """A `fit` starts at `start_epoch` (a fresh run starts the file again)."""
-    sessions = read_sessions(artifacts.root) if resumed else []
+def start_session(artifacts: Artifacts, start_epoch: int, sessions: list[Session]) -> None:
+    """A `fit` starts at `start_epoch`, after the `sessions` a resumed run read (a fresh
+    run starts the file again with none)."""
     _write_sessions(artifacts, [*sessions, Session(time.time(), start_epoch)])
 
 
 def end_session(artifacts: Artifacts, outcome: str) -> None:
-    """The last `fit` ended with `outcome`."""
-    sessions = read_sessions(artifacts.root)
+    """The last `fit` ended with `outcome` (a file damaged since is left as it is)."""
+    try:
+        sessions = read_sessions(artifacts.root)
+    except RunRecordError as error:
+        log.error("The end of this session is not recorded: %s", error)
+        return
     if sessions and sessions[-1].ended is None:
         last = sessions[-1]
         sessions[-1] = Session(last.started, last.start_epoch, time.time(), str(outcome))
@@ -254,3 +299,97 @@ def wall_time(sessions: list[Session], running: bool, last_write: float | None) 
                     end = min(end, sessions[index + 1].started)
         total += max(0.0, end - session.started)
     return total
+
+
+# A resume's checks -------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class SavedRecords:
+    """The records of a run as a resumed `fit` reads them, all at once, before it writes
+    anything: its history (None when it has none), sessions and hyperparameters."""
+
+    history: RunHistory | None
+    sessions: list[Session]
+    hparams: dict[str, Any] | None
+
+
+def read_records(artifacts: Artifacts) -> SavedRecords:
+    """Every record of the run in `artifacts`, each checked: a damaged one is a
+    `RunRecordError` naming the file, the line and the fix."""
+    saved = artifacts.saved_history
+    history = RunHistory.load(saved) if saved is not None else None
+    return SavedRecords(history, read_sessions(artifacts.root), read_hparams(artifacts.root))
+
+
+ENDED = ("completed", "stopped", "early_stopped", "pruned", "signal", "preempted", "time_limit")
+"""The stop reasons of a run that ended of its own accord or was stopped with a checkpoint:
+`checkpoint("auto")` never replaces one."""
+
+
+def check_resume(
+    records: SavedRecords,
+    artifacts: Artifacts,
+    trained: int,
+    where: str,
+    mark: Any = None,
+    carried: bool = False,
+) -> None:
+    """A resume from a checkpoint (`where`: "epoch 3, iteration 40") that has trained
+    `trained` whole epochs: the history must hold each of them, and every line it had
+    when the checkpoint was written (`mark`: the file's id and lines then). `carried`:
+    the checkpoint holds the history itself (a run of an ember before the history file)."""
+    history, path = records.history, artifacts.history
+    if history is None:
+        if trained >= 1 and not carried:
+            raise damaged(
+                path,
+                f"the file is missing, and the checkpoint of {where} comes after {trained} "
+                "epoch(s) it should hold",
+            )
+        return
+    same_file = isinstance(mark, (list, tuple)) and len(mark) == 2 and history.file_id == mark[0]
+    if same_file and history.lines < int(mark[1]):
+        raise damaged(
+            path,
+            f"the file ends before it, but it had {int(mark[1])} lines when the checkpoint "
+            f"of {where} was written: its last {int(mark[1]) - history.lines} line(s) were lost",
+            history.lines + 1,
+        )
+    have = {epoch for epoch, _ in history.epochs}
+    missing = [epoch for epoch in range(1, trained + 1) if epoch not in have]
+    if missing:
+        listing = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+        raise damaged(
+            path,
+            f"the file holds no values of epoch(s) {listing}, which the checkpoint of {where} "
+            "has trained: lines of it were lost",
+        )
+
+
+def check_replace(artifacts: Artifacts) -> None:
+    """`checkpoint("auto")` found no checkpoint and would start a fresh run in place of
+    what the directory holds: refused for a run that ended or was stopped (it is never
+    deleted), for a damaged history, and for metric logs without a history (nothing
+    says how that run ended)."""
+    saved = artifacts.saved_history
+    history = RunHistory.load(saved) if saved is not None else None
+    if history is None:
+        epochs = sorted({epoch for split in SPLITS for epoch in artifacts.epoch_dirs(split)})
+        if epochs:
+            raise RunRecordError(
+                f"checkpoint('auto'): {artifacts.root} holds the metric logs of {len(epochs)} "
+                f"epoch(s) but no history.jsonl and no checkpoint, so nothing says how that run "
+                "ended; it is left as it is. Train in another directory, or replace it with "
+                "LearnerBuilder(dir, overwrite=True)."
+            )
+        return
+    reason = (history.stop_reason or {}).get("reason")
+    if reason is None and history.outcome is not None:  # a history of an earlier version
+        text = str(history.outcome)
+        reason = "failed" if text.startswith(("failed", "interrupted")) else "completed"
+    if reason in ENDED:
+        raise RunRecordError(
+            f"checkpoint('auto'): {artifacts.root} holds a run that ended ({history.outcome}, "
+            f"{len(history.epochs)} epoch(s)) and saved no checkpoint to resume from; it is "
+            "left as it is. Train in another directory, or replace it with "
+            "LearnerBuilder(dir, overwrite=True)."
+        )

@@ -65,6 +65,8 @@ def close(parts: FitParts, state: FitState, reason: str) -> None:
 
 
 def finish_history(parts: FitParts, reason: str) -> None:
-    if parts.history.path is not None:
+    """The outcome, in the history and the session, of a fit that wrote its records (one
+    refused before leaves the directory as it was)."""
+    if parts.history.path is not None and parts.history.written:
         parts.history.finish(reason)
         end_session(parts.artifacts, reason)

@@ -11,6 +11,7 @@ from ember.train.checkpoint.policy import CheckpointPolicy
 from ember.train.checkpoint.resume import Resume
 from ember.train.distributed import Distributed
 from ember.train.files.artifacts import Artifacts
+from ember.train.files.run_record import SavedRecords
 from ember.train.fit.events import FitEvents
 from ember.train.fit.points import ValidationPoints
 from ember.train.flops import FlopCount
@@ -83,6 +84,8 @@ class FitParts:
     train: BatchPlanner
     valid: BatchPlanner | None
     device: torch.device
+    records: SavedRecords | None = None
+    """The run's records as a resumed fit read and checked them, before writing (rank 0)."""
 
     @property
     def main(self) -> bool:

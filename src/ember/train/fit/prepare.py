@@ -1,7 +1,9 @@
-"""Before a fit's epochs: `prepare` checks the loaders, counts the steps, loads and
-restores the resumed state, and only then prepares the artifact directory, the log and
+"""Before a fit's epochs: `prepare` checks the loaders, counts the steps, loads the
+resumed state and reads and checks every record of the run, then prepares the log and
 the loggers, returning the fit's parts and state; `start` logs what was prepared, joins
-the processes, tells the loggers and the renderer and checks the validation step."""
+the processes, checks the validation step and only then changes the directory of a
+resumed run (`commit`) and tells the loggers and the renderer. A resume refused by any
+of these checks leaves every byte of the directory as it was."""
 
 from __future__ import annotations
 
@@ -17,12 +19,17 @@ from ember.train.distributed import Distributed
 from ember.train.events import Start
 from ember.train.files.lock import RunLock
 from ember.train.files.model_summary import summarize_model
-from ember.train.files.run_record import record_start
+from ember.train.files.run_record import (
+    SavedRecords,
+    check_replace,
+    check_resume,
+    read_records,
+    record_start,
+)
 from ember.train.fit.evaluation import check_not_empty, check_validation
 from ember.train.fit.events import FitEvents
 from ember.train.fit.parts import FitParts, Lasting
 from ember.train.fit.state import FitState
-from ember.train.history import RunHistory
 from ember.train.length.batches import BatchPlanner
 from ember.train.length.position import Position
 from ember.train.logger.application import FileApplicationLogger
@@ -54,6 +61,7 @@ def prepare(
     if valid is not None:
         check_not_empty(valid, "validation", "fit(train) without validation data")
     resume = kit.checkpoints.resume_point()
+    records = check_records(kit, resume) if main else None
     shard = (dist.rank, dist.world) if dist is not None else None
     train_limit, valid_limit = options.limit_batches
     stand_ins = options.fsdp is not None  # every forward gathers from every process
@@ -65,6 +73,11 @@ def prepare(
         valid_plan.check_limit("validation", "valid")
     kit.length.counters = resume.position.counters
     notes = [*optim.notes, *count_steps(kit, state, train_plan, resume.position)]
+    kit.checkpoints.data = train_plan.data_state()
+    if resume.state is not None and resume.position.iteration:  # resumed inside an epoch
+        where = f"epoch {resume.position.epoch}, iteration {resume.position.iteration}"
+        changed = train_plan.data_changes(resume.state["learner"].get("data"), where)
+        notes += [changed] if changed else []
     optim.lr.check_monitor(
         {split: [entry.name for entry in entries] for split, entries in options.metrics.items()}
     )
@@ -74,11 +87,13 @@ def prepare(
         if optim.micro_split is not None:  # grads_accumulation("auto")
             ranks = RankSplit(dist, model)
     notes += [*resume.notes, *kit.checkpoints.restore(resume, model, optim, dist)]
-    if main:
-        overwrite = options.overwrite or resume.replace  # checkpoint("auto")
-        kit.artifacts.prepare(resume.position.kept_epochs(), overwrite)
-    load_history(kit, resume, main, dist)
     app_log = FileApplicationLogger(kit.artifacts.experiment_log)
+    if options.application_log and main:
+        app_log.check()
+    if main and resume.state is None:  # a fresh run: a directory holding a run is refused or
+        overwrite = options.overwrite or resume.replace  # replaced (checkpoint("auto"))
+        kit.artifacts.prepare(None, overwrite)
+    load_history(kit, resume, records, main, dist)
     if options.application_log and main:
         app_log.install()
     if main and lock is not None and lock.takeover_message:
@@ -115,13 +130,33 @@ def prepare(
         train=train_plan,
         valid=valid_plan,
         device=options.device,
+        records=records,
     )
     return parts, notes
 
 
+def check_records(kit: Lasting, resume: Resume) -> SavedRecords | None:
+    """Rank 0 reads every record a resumed run goes on with and checks them against its
+    checkpoint, before anything is written (a fresh run of checkpoint("auto") checks
+    that the directory holds no run that ended). None for a fresh run."""
+    artifacts = kit.artifacts
+    if resume.state is None:
+        if resume.replace:
+            check_replace(artifacts)
+        return None
+    records = read_records(artifacts)
+    learner, position = resume.state["learner"], resume.position
+    where = f"epoch {learner['epoch']}" + (
+        f", iteration {position.iteration}" if position.iteration else ""
+    )
+    mark = learner.get("history_mark")
+    check_resume(records, artifacts, position.epoch - 1, where, mark, "history" in learner)
+    return records
+
+
 def start(parts: FitParts, state: FitState, notes: list[str], valid: Iterable[Any] | None) -> None:
-    """Log what was prepared, join the processes, tell the loggers and the renderer,
-    check the validation step."""
+    """Log what was prepared, join the processes, check the validation step, then write
+    the run's records (`commit`) and tell the loggers and the renderer."""
     start, dist, options = parts.resume.position, parts.dist, parts.options
     for note in notes:
         resumed = note.startswith(("Resumed from", "Resuming from", "checkpoint('auto')"))
@@ -130,17 +165,10 @@ def start(parts: FitParts, state: FitState, notes: list[str], valid: Iterable[An
         prepare_processes(parts, dist)
     processes = dist.world if dist is not None else 1
     hparams, directory = options.hparams, str(options.artifact_dir)
-    start_loggers(
-        parts.loggers,
-        RunStart(start.epoch, start.iteration, not start.fresh, processes, hparams, directory),
-    )
     info = run_info(options, parts.model, state.num_epochs, dist, start)
     log.info("%s", describe_run(options, parts.optim, dist, parts.length, info))
     summary = summarize_model(parts.model, options.model_summary)
     info = replace(info, model_summary=summary)
-    if parts.main:
-        record_start(parts.artifacts, start.epoch, not start.fresh, hparams)
-    parts.history.describe_model(info.model_name, info.num_parameters)
     train_for = parts.length.train_for
     if parts.length.finished(start) and train_for is not None:
         state.epoch = start.epoch - (0 if start.iteration else 1)
@@ -170,8 +198,25 @@ def start(parts: FitParts, state: FitState, notes: list[str], valid: Iterable[An
             parts.optim.autocast,
             evaluation(parts.wrapped),
         )
+    if parts.main:
+        commit(parts)
+    parts.history.describe_model(info.model_name, info.num_parameters)
+    start_loggers(
+        parts.loggers,
+        RunStart(start.epoch, start.iteration, not start.fresh, processes, hparams, directory),
+    )
     parts.renderer.start(info)
     parts.events.emit(Start(start.epoch, state.num_epochs, directory))
+
+
+def commit(parts: FitParts) -> None:
+    """Every check passed: a resumed run drops the logs after its checkpoint and the
+    temporaries a kill left; the hyperparameters and a new session are written. The
+    history is rewritten whole at its first record (`RunHistory.describe_model`)."""
+    start = parts.resume.position
+    if not start.fresh:
+        parts.artifacts.prepare(start.kept_epochs(), overwrite=False)
+    record_start(parts.artifacts, start.epoch, parts.options.hparams, parts.records)
 
 
 def count_steps(kit: Lasting, state: FitState, train: BatchPlanner, start: Position) -> list[str]:
@@ -201,18 +246,20 @@ def count_steps(kit: Lasting, state: FitState, train: BatchPlanner, start: Posit
     return [warning] if warning else []
 
 
-def load_history(kit: Lasting, resume: Resume, main: bool, dist: Distributed | None) -> None:
-    """Rank 0 keeps the history in `history.jsonl`; a resumed run continues the
-    saved one up to where it resumes (every process gets rank 0's copy)."""
+def load_history(
+    kit: Lasting, resume: Resume, records: SavedRecords | None, main: bool, dist: Distributed | None
+) -> None:
+    """Rank 0 keeps the history in `history.jsonl`; a resumed run continues the saved
+    one (as `records` read it) up to where it resumes, in memory: the file is rewritten
+    whole at the run's first record. Every process gets rank 0's copy."""
     history = kit.history
     if main:
         history.path = kit.artifacts.history
     if resume.state is None:
         return
     if main:
-        found = kit.artifacts.saved_history if history.path is not None else None
-        if found is not None:
-            saved = RunHistory.load(found)
+        saved = records.history if records is not None else None
+        if saved is not None:
             history.epochs = saved.epochs
             history.checkpoints = saved.checkpoints
             history.points = saved.points
@@ -221,7 +268,7 @@ def load_history(kit: Lasting, resume: Resume, main: bool, dist: Distributed | N
         else:  # a run from before the history file: the checkpoint carried it
             history.epochs = [(int(e), v) for e, v in resume.state["learner"].get("history", [])]
         if not kit.length.finished(resume.position) or kit.length.train_for is None:
-            history.keep_before(resume.position.epoch, resume.position.iteration)
+            history.trim(resume.position.epoch, resume.position.iteration)
     if dist is not None:
         history.epochs = dist.broadcast(history.epochs)
         history.points = dist.broadcast(history.points)
@@ -229,8 +276,14 @@ def load_history(kit: Lasting, resume: Resume, main: bool, dist: Distributed | N
 
 def make_loggers(kit: Lasting, main: bool) -> dict[str, list[MetricLogger]]:
     """Rank 0 writes the metric files and feeds the extra loggers."""
+    then = (
+        "resume with checkpoint('latest')"
+        if kit.checkpoints.checkpointer is not None
+        else "train again (this run writes no checkpoint to resume from: add "
+        "with_file_checkpointer(recorder) to be able to resume)"
+    )
     return {
-        split: [FileMetricLogger(kit.artifacts.split_dir(split)), *extra] if main else []
+        split: [FileMetricLogger(kit.artifacts.split_dir(split), then), *extra] if main else []
         for split, extra in kit.options.loggers.items()
     }
 

@@ -247,6 +247,36 @@ class BatchPlanner:
         except TypeError:
             return None
 
+    def data_state(self) -> dict[str, int | None]:
+        """What a checkpoint notes of the data: the dataset's samples and the sampler's
+        shuffle seed (None where the loader does not tell them)."""
+        seed = getattr(self.sampler, "seed", None)
+        return {
+            "samples": _sized(getattr(self.loader, "dataset", None)),
+            "seed": seed if type(seed) is int else None,
+        }
+
+    def data_changes(self, saved: Any, where: str) -> str | None:
+        """A warning when this loader's data is not the data a mid-epoch checkpoint
+        (`where`) was taken on, as its `data_state` noted it: the rest of the epoch is
+        then not the epoch the run was in. None when nothing differs or nothing is known."""
+        if not isinstance(saved, dict):
+            return None
+        now = self.data_state()
+        changed = [
+            f"{what} {saved[key]!r} then, {now[key]!r} now"
+            for key, what in (("samples", "training samples"), ("seed", "shuffle seed"))
+            if saved.get(key) is not None and now[key] is not None and saved[key] != now[key]
+        ]
+        if not changed:
+            return None
+        return (
+            f"The training data differs from the data the checkpoint of {where} was taken on "
+            f"({'; '.join(changed)}): the rest of this epoch does not continue its order, so "
+            "some samples may be seen twice and others not at all, and the resume is not "
+            "exact. Resume with the same data, or from a checkpoint at an epoch's end."
+        )
+
     def check_shardable(self, name: str) -> None:
         """Several processes need a sampler that gives each one its exact share."""
         if self.sampler is None or not callable(getattr(self.sampler, "shard", None)):

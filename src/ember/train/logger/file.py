@@ -45,8 +45,10 @@ class FileMetricLogger:
     checkpoint how many lines each of its own files had.
     """
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], then: str | None = None) -> None:
         self.directory = Path(directory)
+        self.then = then
+        """What to do once a failed write is fixed (e.g. how to resume), said in its error."""
         self._files: dict[tuple[int, str], IO[str]] = {}
 
     def path(self, epoch: int, name: str) -> Path:
@@ -82,10 +84,10 @@ class FileMetricLogger:
                 handle.write("".join(text))
                 handle.flush()
         except OSError as error:
+            then = f"; then {self.then}" if self.then else ""
             raise EmberError(
                 f"Writing the metric logs under {self.path(epoch, '').parent} failed: "
-                f"{error.strerror or error}. Free disk space or fix permissions; resume with "
-                "checkpoint('latest')."
+                f"{error.strerror or error}. Free disk space or fix permissions{then}."
             ) from error
 
     def end_epoch(self, split: str, epoch: int, aggregates: dict[str, float]) -> None:
