@@ -1,66 +1,38 @@
 """The exact history of a run: every epoch's values, the checkpoint epochs, the outcome.
 
-The learner keeps it in memory and in `history.jsonl` in the artifact directory.
-Summaries, plots, early stopping and the best-checkpoint choice read it; nothing
-parses numbers back from `experiment.log`, which is text for people.
-
-`history.jsonl` (format "ember-history", version 3) is JSON Lines: a header, then
-one record per change, each appended, flushed and fsynced as it happens, so an
-epoch end costs one short line however long the run. Every line is sealed
-(`ember.train.sealed`): it ends with the CRC-32 of its own bytes, and each record
-carries its line number `n`, so a damaged line and a lost one are told apart from a
-line never written:
-
-```
-{"format": "ember-history", "version": 3, "id": "5f0c...", "crc32": "..."}
-{"model": "Model", "num_parameters": 7850, "n": 2, "crc32": "..."}
-{"epoch": 1, "train": {"Loss": 0.3101...}, "valid": {"Loss": 0.22...}, "n": 3, "crc32": "..."}
-{"checkpoints": {"add": [1], "remove": []}, "n": 4, "crc32": "..."}
-{"epoch": 2, "train": {...}, "valid": {...}, "n": 5, "crc32": "..."}
-{"checkpoints": {"add": [2], "remove": [1]}, "n": 6, "crc32": "..."}
-{"point": {"epoch": 3, "iteration": 40, "valid": {"Loss": 0.21...}}, "n": 7, "crc32": "..."}
-{"outcome": "completed", "stop_reason": {"reason": "completed"}, "n": 8, "crc32": "..."}
-```
-
-Reading replays the records in order: an epoch record adds the epoch (replacing
-one of the same number), `keep_before` forgets the epochs from that one on (a run
-resumed before them redoes them) and clears the outcome, `checkpoints` adds and
-removes epochs with a complete checkpoint after retention, `point` adds a validation
-inside an epoch (`valid_every`: the epoch, the training batches done in it, the
-values), `keep_before` also forgets the points after `iteration` batches of its
-epoch, and `outcome` comes with `stop_reason` (`Outcome.to_json()`, or null). A line cut
-short by a kill (the last one, without its newline) is ignored; any other line that
-is not what was written (its checksum differs, it is not JSON, a line number is
-skipped) is damage: `load` refuses the file naming the line and the fix, and
-`salvage` (what `ember repair` uses) keeps every intact record. A process that
-starts writing a history (a new run, or one resumed) first rewrites the whole file
-atomically (a new header `id`, and one record per fact), then appends; a checkpoint
-notes the `id` and the lines the file had, so a resume tells lines lost from its end.
-
-Values are the learner's epoch values at full precision (floats written as their
-shortest round-tripping text); NaN and infinities are the strings "nan", "inf" and
-"-inf". Files of version 2 (the same records without `n` and checksums) are read as
-they are; the `history.json` of runs made by earlier versions (format version 1, one
-JSON object rewritten at every epoch) is still read by `RunHistory.load`; `to_json`
-gives that object's layout.
+The learner keeps it in memory and in `history.jsonl` in the artifact directory
+(its lines: `ember.train.history_format`). Summaries, plots, early stopping and the
+best-checkpoint choice read it; nothing parses numbers back from `experiment.log`,
+which is text for people. What they watch in it is a `Monitor`
+(`ember.train.monitor`, re-exported here).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import secrets
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from ember.errors import ConfigError, EmberError, RunRecordError
+from ember.errors import EmberError, RunRecordError
+from ember.train.history_format import (
+    damaged,
+    decode,
+    decode_splits,
+    epoch_record,
+    lost,
+    point_record,
+    repair_hint,
+    sealed_line,
+)
+from ember.train.monitor import History as History
+from ember.train.monitor import Monitor as Monitor
+from ember.train.monitor import Points as Points
+from ember.train.monitor import Watcher as Watcher
+from ember.train.monitor import metric_name as metric_name
 from ember.train.sealed import SealBroken, not_json, seal, unseal
-
-History = Sequence[tuple[int, Mapping[str, Mapping[str, float]]]]
-"""Completed epochs in order: (epoch, {split: {metric name: epoch value}})."""
 
 FORMAT = "ember-history"
 VERSION = 3
@@ -68,117 +40,6 @@ VERSION = 3
 without checksums) are read too."""
 READ_VERSIONS = (2, 3)
 """The JSON Lines versions this ember reads."""
-
-
-def repair_hint(directory: str | os.PathLike[str]) -> str:
-    """The fix for a damaged or missing run record of the run in `directory`."""
-    return (
-        f"Run `ember repair {directory}`: it keeps every intact record, rebuilds the rest from "
-        "the metric logs and the checkpoints, and keeps the damaged file beside them as "
-        "<name>.damaged; or train again with LearnerBuilder(dir, overwrite=True)."
-    )
-
-
-def damaged(file: Path, problem: str, line: int | None = None) -> RunRecordError:
-    """The error of a damaged or missing run record: the file (and line), the problem
-    and the fix; the error's `problem` holds the problem alone."""
-    where = f"{file}, line {line}" if line is not None else str(file)
-    error = RunRecordError(f"{where}: {problem}. {repair_hint(file.parent)}")
-    error.problem = f"line {line}: {problem}" if line is not None else problem
-    return error
-
-
-Points = Sequence[tuple[int, "int | None", Mapping[str, Mapping[str, float]]]]
-"""Validation points in order: (epoch, iteration, {"valid": {metric name: value}}), the
-iteration being the training batches done in the epoch, or None for the validation at
-the epoch's end."""
-
-
-def metric_name(metric: Any) -> str:
-    """The name under which a metric (or a metric's name) appears in a history."""
-    return metric if isinstance(metric, str) else str(metric.name)
-
-
-@dataclass(frozen=True)
-class Monitor:
-    """One metric of one split, and which way is better: what early stopping, the
-    best-checkpoint choice and pruning watch, and the one place that reads its value
-    from an epoch's values (`value`) and compares two of them (`better`)."""
-
-    name: str
-    split: str = "valid"
-    direction: str = "lowest"
-
-    @classmethod
-    def of(
-        cls,
-        metric: Any,
-        aggregate: Literal["mean"] = "mean",
-        direction: Literal["lowest", "highest"] = "lowest",
-        split: Literal["train", "valid"] = "valid",
-    ) -> Monitor:
-        """A checked monitor: `aggregate` is the epoch value ("mean"), `direction` says
-        which way is better, `split` which split's value is read."""
-        if aggregate != "mean":
-            raise ConfigError(f"aggregate must be 'mean' (the epoch value), got {aggregate!r}.")
-        if direction not in ("lowest", "highest"):
-            raise ConfigError(f"direction must be 'lowest' or 'highest', got {direction!r}.")
-        if split not in ("train", "valid"):
-            raise ConfigError(f"split must be 'train' or 'valid', got {split!r}.")
-        return cls(metric_name(metric), split, direction)
-
-    def value(self, values: Mapping[str, Mapping[str, float]]) -> float | None:
-        """This metric's value among one epoch's (or one point's) `values`, {split:
-        {metric name: value}}; None when they have none."""
-        found = values.get(self.split, {}).get(self.name)
-        return None if found is None else float(found)
-
-    @property
-    def sign(self) -> float:
-        """1.0 when lower is better, -1.0 when higher is: `sign * value` falls as the
-        value gets better."""
-        return 1.0 if self.direction == "lowest" else -1.0
-
-    def better(self, a: float, b: float) -> bool:
-        """`a` is strictly better than `b`."""
-        return a < b if self.direction == "lowest" else a > b
-
-    def series(self, history: History) -> list[tuple[int, float]]:
-        """(epoch, value) of every epoch that has a value that is not NaN."""
-        found = ((epoch, self.value(values)) for epoch, values in history)
-        return [(epoch, v) for epoch, v in found if v is not None and not math.isnan(v)]
-
-    def point_series(self, points: Points) -> list[tuple[int, int | None, float]]:
-        """(epoch, iteration, value) of every point that has a value that is not NaN."""
-        found = ((epoch, iteration, self.value(values)) for epoch, iteration, values in points)
-        return [(e, i, v) for e, i, v in found if v is not None and not math.isnan(v)]
-
-    def best(self, history: History) -> tuple[int, float] | None:
-        """The best epoch and its value (the earliest one on a tie), or None."""
-        best: tuple[int, float] | None = None
-        for epoch, value in self.series(history):
-            if best is None or self.better(value, best[1]):
-                best = (epoch, value)
-        return best
-
-
-class Watcher:
-    """A strategy that watches one metric (its `monitor`): the metric's name, split and
-    direction read as the strategy's own attributes."""
-
-    monitor: Monitor
-
-    @property
-    def name(self) -> str:
-        return self.monitor.name
-
-    @property
-    def split(self) -> str:
-        return self.monitor.split
-
-    @property
-    def direction(self) -> str:
-        return self.monitor.direction
 
 
 class RunHistory:
@@ -240,7 +101,7 @@ class RunHistory:
             self.epochs.append((epoch, entry))
             if counters is not None:
                 self.counters[epoch] = dict(counters)
-            self._write(_epoch_record(epoch, entry, self.counters.get(epoch)))
+            self._write(epoch_record(epoch, entry, self.counters.get(epoch)))
 
     def add_point(
         self,
@@ -254,7 +115,7 @@ class RunHistory:
         entry = {split: dict(split_values) for split, split_values in values.items()}
         with self._lock:
             self._add_point(epoch, iteration, entry)
-            record = _point_record(epoch, iteration, entry)
+            record = point_record(epoch, iteration, entry)
             if counters is not None:
                 self.point_counters[(epoch, iteration)] = dict(counters)
                 record["counters"] = dict(counters)
@@ -328,13 +189,13 @@ class RunHistory:
             "version": 1,
             "model": self.model,
             "num_parameters": self.num_parameters,
-            "epochs": [_epoch_record(epoch, values) for epoch, values in self.epochs],
+            "epochs": [epoch_record(epoch, values) for epoch, values in self.epochs],
             "checkpoints": list(self.checkpoints),
             "outcome": self.outcome,
             "stop_reason": self.stop_reason,
         }
         if self.points:
-            data["points"] = [_point_record(e, i, values) for e, i, values in self.points]
+            data["points"] = [point_record(e, i, values) for e, i, values in self.points]
         return data
 
     @property
@@ -448,7 +309,7 @@ class RunHistory:
                     count = record.pop("n", None) if isinstance(record, dict) else None
                     if count != expected:
                         if type(count) is int and count > expected:
-                            damage(number, _lost(expected, count - 1))
+                            damage(number, lost(expected, count - 1))
                         elif type(count) is int:
                             damage(number, f"it repeats record {count}")
                         else:
@@ -480,7 +341,7 @@ class RunHistory:
                 f"versions 1 and {VERSION}. Upgrade ember to read it."
             )
         for entry in data["epochs"]:
-            self.epochs.append((int(entry["epoch"]), _decode_splits(entry)))
+            self.epochs.append((int(entry["epoch"]), decode_splits(entry)))
         self.checkpoints = [int(e) for e in data.get("checkpoints", [])]
         for entry in data.get("points", []):
             self._read_point(entry)
@@ -497,7 +358,7 @@ class RunHistory:
             epoch = int(record["epoch"])
             if self.epochs and self.epochs[-1][0] >= epoch:
                 self.epochs = [(e, v) for e, v in self.epochs if e < epoch]
-            self.epochs.append((epoch, _decode_splits(record)))
+            self.epochs.append((epoch, decode_splits(record)))
             if isinstance(record.get("counters"), dict):
                 self.counters[epoch] = {k: int(v) for k, v in record["counters"].items()}
         elif "point" in record:
@@ -521,7 +382,7 @@ class RunHistory:
 
     def _read_point(self, entry: Mapping[str, Any]) -> None:
         values = {
-            split: {str(k): _decode(v) for k, v in split_values.items()}
+            split: {str(k): decode(v) for k, v in split_values.items()}
             for split, split_values in entry.items()
             if split not in ("epoch", "iteration", "counters")
         }
@@ -539,10 +400,10 @@ class RunHistory:
             records.append({"model": self.model, "num_parameters": self.num_parameters})
         records += [{"repaired": repair} for repair in self.repairs]
         records += [
-            _epoch_record(epoch, values, self.counters.get(epoch)) for epoch, values in self.epochs
+            epoch_record(epoch, values, self.counters.get(epoch)) for epoch, values in self.epochs
         ]
         records += [
-            {"point": _point_record(e, i, v, self.point_counters.get((e, i)))}
+            {"point": point_record(e, i, v, self.point_counters.get((e, i)))}
             for e, i, v in self.points
         ]
         records.append({"checkpoints": {"add": list(self.checkpoints), "remove": []}})
@@ -562,13 +423,13 @@ class RunHistory:
                 file_id = secrets.token_hex(8)
                 records = self._records()
                 lines = [seal({"format": FORMAT, "version": VERSION, "id": file_id})]
-                lines += [_line(one, number) for number, one in enumerate(records, start=2)]
+                lines += [sealed_line(one, number) for number, one in enumerate(records, start=2)]
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_bytes(self.path, b"\n".join(lines) + b"\n")
                 self._written, self.file_id, self.lines = self.path, file_id, len(lines)
                 return
             with open(self.path, "ab") as file:
-                file.write(_line(record, self.lines + 1) + b"\n")
+                file.write(sealed_line(record, self.lines + 1) + b"\n")
                 file.flush()
                 os.fsync(file.fileno())
             self.lines += 1
@@ -577,60 +438,3 @@ class RunHistory:
                 f"Writing the run history {self.path} failed ({error.strerror or error}). Free "
                 "disk space or fix its permissions; the records written before stay whole."
             ) from error
-
-
-def _lost(first: int, last: int) -> str:
-    if first == last:
-        return f"the line before it is missing (record {first} was lost)"
-    return f"{last - first + 1} lines before it are missing (records {first} to {last} were lost)"
-
-
-def _line(record: Mapping[str, Any], number: int) -> bytes:
-    """One sealed line (without its newline): the record and its line number."""
-    return seal({**record, "n": number})
-
-
-def _epoch_record(
-    epoch: int,
-    values: Mapping[str, Mapping[str, float]],
-    counters: Mapping[str, int] | None = None,
-) -> dict[str, Any]:
-    record = {"epoch": epoch, **{split: _encode(v) for split, v in values.items()}}
-    if counters is not None:
-        record["counters"] = dict(counters)
-    return record
-
-
-def _point_record(
-    epoch: int,
-    iteration: int,
-    values: Mapping[str, Mapping[str, float]],
-    counters: Mapping[str, int] | None = None,
-) -> dict[str, Any]:
-    record = {"epoch": epoch, "iteration": iteration, **{s: _encode(v) for s, v in values.items()}}
-    if counters is not None:
-        record["counters"] = dict(counters)
-    return record
-
-
-def _decode_splits(entry: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    return {
-        split: {str(k): _decode(v) for k, v in split_values.items()}
-        for split, split_values in entry.items()
-        if split not in ("epoch", "counters")
-    }
-
-
-_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-
-
-def _encode(values: Mapping[str, float]) -> dict[str, float | str]:
-    return {name: value if math.isfinite(value) else repr(value) for name, value in values.items()}
-
-
-def _decode(value: Any) -> float:
-    if isinstance(value, str):
-        if value not in _NON_FINITE:
-            raise ValueError(f"not a number: {value!r}")
-        return _NON_FINITE[value]
-    return float(value)

@@ -155,8 +155,8 @@ def check_records(kit: Lasting, resume: Resume) -> SavedRecords | None:
 
 
 def start(parts: FitParts, state: FitState, notes: list[str], valid: Iterable[Any] | None) -> None:
-    """Log what was prepared, join the processes, check the validation step, then write
-    the run's records (`commit`) and tell the loggers and the renderer."""
+    """Log what was prepared, join the processes, start the renderer, check the
+    validation step, then write the run's records (`commit`) and start the loggers."""
     start, dist, options = parts.resume.position, parts.dist, parts.options
     for note in notes:
         resumed = note.startswith(("Resumed from", "Resuming from", "checkpoint('auto')"))
@@ -169,6 +169,7 @@ def start(parts: FitParts, state: FitState, notes: list[str], valid: Iterable[An
     log.info("%s", describe_run(options, parts.optim, dist, parts.length, info))
     summary = summarize_model(parts.model, options.model_summary)
     info = replace(info, model_summary=summary)
+    parts.renderer.start(info)  # shown at once, before the validation check and loggers
     train_for = parts.length.train_for
     if parts.length.finished(start) and train_for is not None:
         state.epoch = start.epoch - (0 if start.iteration else 1)
@@ -205,7 +206,6 @@ def start(parts: FitParts, state: FitState, notes: list[str], valid: Iterable[An
         parts.loggers,
         RunStart(start.epoch, start.iteration, not start.fresh, processes, hparams, directory),
     )
-    parts.renderer.start(info)
     parts.events.emit(Start(start.epoch, state.num_epochs, directory))
 
 
