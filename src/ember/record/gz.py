@@ -17,8 +17,8 @@ flush, so the chunks join into one ordinary deflate stream (as `pigz` does): `gu
 Python's `gzip` and the gzip reader of earlier ember releases read it as any other gzip
 file. With the `isal` package (installed with ember) the chunks are compressed by
 ISA-L, several times faster than zlib at a similar size; where it is missing (a
-platform without its wheels, or removed), by the standard library's zlib. The output depends only on the input and the compressor
-(equal input, equal bytes).
+platform without its wheels, or removed), by the standard library's zlib. The output
+depends only on the input and the compressor (equal input, equal bytes).
 
 Every header byte must be exactly this, and the content must inflate to exactly the declared
 size with a matching CRC-32. Inflating is streamed and never holds more than the declared

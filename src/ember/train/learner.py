@@ -21,10 +21,10 @@ from ember.train.distributed import Distributed, setup, world_size
 from ember.train.evaluator import learner_evaluator
 from ember.train.files.artifacts import Artifacts
 from ember.train.files.lock import RunLock
-from ember.train.fit.finish import close, failure, print_summary
+from ember.train.fit.finish import after_training, close, failure, out_of_memory
 from ember.train.fit.loop import TrainLoop
 from ember.train.fit.notices import ConsoleNotices
-from ember.train.fit.parts import FitParts, Lasting
+from ember.train.fit.parts import Lasting
 from ember.train.fit.points import ValidationPoints
 from ember.train.fit.prepare import prepare, start
 from ember.train.fit.state import FitState
@@ -39,13 +39,11 @@ from ember.train.length.signals import signal_handlers
 from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.manual import ManualOptimization, StepContext
 from ember.train.memory import (
-    memory_post_mortem,
-    note_out_of_memory,
     start_memory_history,
     stop_memory_history,
 )
 from ember.train.options import LearnerOptions
-from ember.train.outcome import Outcome, StopReason
+from ember.train.outcome import Outcome
 from ember.train.smoke import SmokeReport, smoke_test
 from ember.train.step import check_steps
 
@@ -286,13 +284,10 @@ class Learner:
                 parts.events.hook("on_fit_end", state.epoch)
                 parts.checkpoints.finish()  # the last checkpoint is on disk, or the run failed
                 self._outcome = reason
-                self._after(parts, reason, restore_best, dist)
+                self._whole = after_training(parts, state, reason, restore_best)
             except BaseException as error:
                 if isinstance(error, torch.OutOfMemoryError):
-                    note_out_of_memory(error, state.epoch, state.iteration, self.optim.micro_split)
-                    if recording is not None:
-                        rank = dist.rank if dist is not None else 0
-                        memory_post_mortem(error, self.kit.artifacts.memory_snapshot(rank))
+                    out_of_memory(error, parts, state, recording is not None)
                 reason = self._outcome = failure(state, dist, error)
                 raise
             finally:
@@ -306,31 +301,6 @@ class Learner:
                     notices.uninstall()
                 parts.app_log.uninstall()
         return self.model
-
-    def _after(
-        self, parts: FitParts, reason: Outcome, restore_best: bool, dist: Distributed | None
-    ) -> None:
-        """The training ended: log how, requeue a preempted job, restore the best weights,
-        gather a sharded model, print the summary."""
-        state, options = self._state, self.options
-        log.info("Training %s after epoch %d.", reason, state.epoch)
-        if options.preemption is not None:  # requeue a preempted SLURM job
-            again = (StopReason.PREEMPTED, StopReason.TIME_LIMIT)
-            unfinished = isinstance(reason, Outcome) and reason.reason in again
-            options.preemption.after(unfinished, parts.main)
-        skipped = state.skipped_steps + (parts.manual.skipped if parts.manual else 0)
-        if skipped:
-            log.info(
-                "Skipped %d optimizer step%s with a non-finite loss (nonfinite_loss('skip')).",
-                skipped,
-                "" if skipped == 1 else "s",
-            )
-        if restore_best:
-            parts.checkpoints.restore_best(self.model, dist)
-        if dist is not None and dist.sharding is not None:
-            self._whole = dist.sharding.gathered_model()  # before the group closes
-        if options.summary and parts.main:
-            print_summary(parts, reason)
 
     # After the run ---------------------------------------------------------------
     def model_state_dict(self) -> dict[str, Any]:

@@ -71,9 +71,9 @@ def run_pass(
     stop: Callable[[], bool] | None = None,
 ) -> Pass:
     """Run `step` on every batch (moved to `device`) and update the metrics with its
-    output (a stand-in's is not counted); `check`: the first output is checked against the metrics first (with
-    `only_check`, that is all: one batch, no update); `each` is told of every batch
-    (its number and output); `stop` is asked after each."""
+    output (a stand-in's is not counted); `check`: the first output is checked
+    against the metrics first (with `only_check`, that is all: one batch, no update);
+    `each` is told of every batch (its number and output); `stop` is asked after each."""
     move = device.type != "cpu"
     seen = Pass()
     for iteration, batch in enumerate(batches, start=1):

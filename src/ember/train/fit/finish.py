@@ -13,7 +13,8 @@ from ember.train.files.run_record import end_session
 from ember.train.fit.parts import FitParts
 from ember.train.fit.state import FitState
 from ember.train.guard import NonFiniteLoss
-from ember.train.outcome import Outcome
+from ember.train.memory import memory_post_mortem, note_out_of_memory
+from ember.train.outcome import Outcome, StopReason
 
 log = logging.getLogger("ember.train.learner")  # the run's own log, as the loop's
 
@@ -31,6 +32,45 @@ def failure(state: FitState, dist: Distributed | None, error: BaseException) -> 
     else:
         log.exception("Training failed at %s.", where)
     return outcome
+
+
+def after_training(
+    parts: FitParts, state: FitState, reason: Outcome, restore_best: bool
+) -> dict[str, Any] | None:
+    """The training ended: log how, requeue a preempted job, restore the best weights,
+    print the summary; return the whole state of a sharded model, gathered on rank 0
+    before the group closes (None when the model is not sharded)."""
+    options, dist = parts.options, parts.dist
+    log.info("Training %s after epoch %d.", reason, state.epoch)
+    if options.preemption is not None:  # requeue a preempted SLURM job
+        again = (StopReason.PREEMPTED, StopReason.TIME_LIMIT)
+        unfinished = isinstance(reason, Outcome) and reason.reason in again
+        options.preemption.after(unfinished, parts.main)
+    skipped = state.skipped_steps + (parts.manual.skipped if parts.manual else 0)
+    if skipped:
+        log.info(
+            "Skipped %d optimizer step%s with a non-finite loss (nonfinite_loss('skip')).",
+            skipped,
+            "" if skipped == 1 else "s",
+        )
+    if restore_best:
+        parts.checkpoints.restore_best(parts.model, dist)
+    whole = None
+    if dist is not None and dist.sharding is not None:
+        whole = dist.sharding.gathered_model()
+    if options.summary and parts.main:
+        print_summary(parts, reason)
+    return whole
+
+
+def out_of_memory(error: BaseException, parts: FitParts, state: FitState, recorded: bool) -> None:
+    """An out-of-memory error ends the run: say where in the step, and with the
+    allocation history (`memory_history()`), write the post-mortem."""
+    split = parts.optim.micro_split
+    note_out_of_memory(error, state.epoch, state.iteration, split)
+    if recorded:
+        rank = parts.dist.rank if parts.dist is not None else 0
+        memory_post_mortem(error, parts.artifacts.memory_snapshot(rank))
 
 
 def print_summary(parts: FitParts, outcome: Outcome) -> None:

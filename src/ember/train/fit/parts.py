@@ -84,6 +84,9 @@ class FitParts:
     train: BatchPlanner
     valid: BatchPlanner | None
     device: torch.device
+    move: bool
+    """Batches go to the device (a DataLoader yields them on the CPU): decided once,
+    read every step."""
     records: SavedRecords | None = None
     """The run's records as a resumed fit read and checked them, before writing (rank 0)."""
 
@@ -91,8 +94,3 @@ class FitParts:
     def main(self) -> bool:
         """This process writes the run's files (rank 0, or the only process)."""
         return self.dist is None or self.dist.main
-
-    @property
-    def move(self) -> bool:
-        """Batches go to the device (a DataLoader yields them on the CPU)."""
-        return self.device.type != "cpu"

@@ -130,6 +130,7 @@ def prepare(
         train=train_plan,
         valid=valid_plan,
         device=options.device,
+        move=options.device.type != "cpu",
         records=records,
     )
     return parts, notes
