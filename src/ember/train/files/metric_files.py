@@ -16,6 +16,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, Iterable
 
+from ember.durable import atomic_write_bytes
 from ember.errors import EmberError
 
 __all__ = [
@@ -145,8 +146,6 @@ def matrix_file_name(name: str) -> str:
 def write_matrix(path: str | os.PathLike[str], name: str, counts: list[list[int]]) -> Path:
     """Save a count matrix (rows: targets, columns: predictions) atomically, as
     {"format": "ember-matrix", "version": 1, "name": ..., "counts": [[...], ...]}."""
-    from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"format": MATRIX_FORMAT, "version": 1, "name": name, "counts": counts}

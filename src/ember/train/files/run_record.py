@@ -31,6 +31,7 @@ import time
 from pathlib import Path, PurePath
 from typing import Any, Mapping
 
+from ember.durable import atomic_write_bytes
 from ember.errors import ConfigError, RunRecordError
 from ember.train.files.artifacts import SPLITS, Artifacts
 from ember.train.history import RunHistory, damaged
@@ -147,8 +148,6 @@ def write_hparams(
 ) -> list[str]:
     """Write `hparams.json` (atomically); returns the keys whose value differs from
     `previous` (the file a resumed run found, read before anything was written)."""
-    from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
-
     changed: list[str] = []
     if previous is not None:
         old, new = flatten_hparams(previous), flatten_hparams(hparams)
@@ -251,8 +250,6 @@ def read_sessions(directory: str | os.PathLike[str]) -> list[Session]:
 
 
 def _write_sessions(artifacts: Artifacts, sessions: list[Session]) -> None:
-    from ember.record.atomic import atomic_write_bytes
-
     data = {
         "format": SESSIONS_FORMAT,
         "version": SESSIONS_VERSION,

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from ember.durable import atomic_write_bytes
 from ember.rng import capture_rng_state, restore_rng_state
 from ember.train.events import ValidPoint
 from ember.train.files.artifacts import Artifacts
@@ -46,8 +47,6 @@ class PointLogger:
         add_lines(self._lines, records)
 
     def end_epoch(self, split: str, epoch: int, aggregates: dict[str, float]) -> None:
-        from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
-
         for name, lines in self._lines.items():
             path = self.artifacts.point_log(epoch, self.iteration, name)
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import IO, Any, Sequence
 
+from ember.durable import atomic_write_bytes
 from ember.errors import EmberError
 from ember.train.files.metric_files import format_value, format_weight
 from ember.train.logger.base import MetricRecord, RunStart
@@ -83,8 +84,6 @@ class CsvMetricLogger:
         rows.writerow(header or CSV_HEADER)
         rows.writerows(kept)
         if out.getvalue() != text or len(data) != self.path.stat().st_size:
-            from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
-
             atomic_write_bytes(self.path, out.getvalue().encode("utf-8", errors="surrogateescape"))
 
     def log(self, split: str, epoch: int, records: Sequence[MetricRecord]) -> None:

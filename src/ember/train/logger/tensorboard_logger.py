@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from ember.durable import atomic_write_bytes
 from ember.errors import EmberError
 from ember.train.logger._steps import GlobalSteps, ProcessMerge
 from ember.train.logger.base import MetricRecord, RunStart
@@ -166,8 +167,6 @@ class TensorBoardMetricLogger:
     def _save_steps(self) -> None:
         text = self._steps.to_text()
         if text != self._saved_steps:
-            from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
-
             self.log_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(self.log_dir / STEPS_FILE, text.encode("utf-8"))
             self._saved_steps = text

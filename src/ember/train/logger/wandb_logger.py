@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import urlparse
 
+from ember.durable import atomic_write_bytes
 from ember.errors import EmberError
 from ember.train.files.artifacts import Artifacts
 from ember.train.logger._steps import GlobalSteps, ProcessMerge
@@ -264,7 +265,6 @@ class WandbMetricLogger:
     def _save_state(self) -> None:
         if self._state_path is None or self.run_id is None:
             return
-        from ember.record.atomic import atomic_write_bytes  # ember.record loads msgpack
 
         data = {
             "format": STATE_FORMAT,
