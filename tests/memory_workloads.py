@@ -1,0 +1,118 @@
+"""Workloads for the memory estimate, and the reference it is checked against: the
+live-bytes high-water mark of one real training step on the CPU (`memory_cap.MemoryCap`
+counts every storage an op creates until it is freed), plus what is live before the
+step (parameters, buffers, optimizer state, the batch), which the estimate counts too.
+
+An MLP, a CNN (convolutions and BatchNorm) and a small transformer language model, each
+in a small size for the tests and a larger one for `bench/memory_estimate.py`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from memory_cap import MemoryCap
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.nn import functional as F
+
+from ember.train import ClassificationOutput, TrainOutput
+
+
+class Mlp(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(64, width), nn.GELU(), nn.Linear(width, width), nn.GELU(),
+            nn.Linear(width, 10),
+        )  # fmt: skip
+
+    def train_step(self, batch: Any) -> TrainOutput:
+        x, y = batch
+        out = self.net(x)
+        return TrainOutput(ClassificationOutput(F.cross_entropy(out, y), out, y))
+
+
+class Cnn(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
+            nn.MaxPool2d(2), nn.Flatten(), nn.LazyLinear(10),
+        )  # fmt: skip
+
+    def train_step(self, batch: Any) -> TrainOutput:
+        x, y = batch
+        out = self.net(x)
+        return TrainOutput(ClassificationOutput(F.cross_entropy(out, y), out, y))
+
+
+class TinyLm(nn.Module):
+    """A causal transformer language model: embedding, encoder layers under a causal
+    mask, a head over the vocabulary."""
+
+    def __init__(self, width: int, layers: int, vocab: int = 512) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        layer = nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.1, batch_first=True)
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(width, vocab)
+
+    def train_step(self, batch: Any) -> TrainOutput:
+        tokens = batch
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        mask = nn.Transformer.generate_square_subsequent_mask(inputs.shape[1])
+        hidden = self.blocks(self.embed(inputs), mask=mask, is_causal=True)
+        logits = self.head(hidden).flatten(0, 1)
+        targets = targets.flatten()
+        return TrainOutput(ClassificationOutput(F.cross_entropy(logits, targets), logits, targets))
+
+
+def workload(name: str, large: bool = False) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+    """The model, an optimizer over it (Adam: two states a parameter), and a batch."""
+    torch.manual_seed(0)
+    model: nn.Module
+    if name == "mlp":
+        model = Mlp(1024 if large else 256)
+        batch: Any = (torch.randn(512 if large else 64, 64), torch.randint(0, 10, (512 if large else 64,)))
+    elif name == "cnn":
+        model = Cnn(32 if large else 8)
+        size = 64 if large else 16
+        batch = (torch.randn(size, 3, 32, 32), torch.randint(0, 10, (size,)))
+        model.train_step(batch)  # the lazy layer takes its shape
+        model.zero_grad(set_to_none=True)
+    else:
+        model = TinyLm(256 if large else 64, 4 if large else 2)
+        batch = torch.randint(0, 512, (16 if large else 4, 129 if large else 33))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3), batch
+
+
+def real_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, dtype: Any) -> None:
+    """One training step as ember runs it: forward under autocast with mixed precision,
+    backward, the optimizer step, the gradients cleared."""
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        loss = model.train_step(batch).loss  # type: ignore[operator]
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def measured_peak(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, dtype: Any = None
+) -> int:
+    """The peak bytes of a real step after the first (the optimizer state exists): the
+    high-water mark of the live storages, those live before the step (parameters,
+    buffers, optimizer state, the batch) counted from the start, once each (an in-place
+    op returns them again)."""
+    real_step(model, optimizer, batch, dtype)  # the optimizer makes its state
+    tensors = [*model.parameters(), *model.buffers(), *torch.utils._pytree.tree_leaves(batch)]
+    tensors += [v for state in optimizer.state.values() for v in state.values()]
+    counter = MemoryCap()
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor):
+            storage = tensor.untyped_storage()
+            counter.live[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes())
+    with counter:
+        real_step(model, optimizer, batch, dtype)
+    return counter.peak
