@@ -17,6 +17,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn import functional as F
 
 from ember.train import ClassificationOutput, TrainOutput
+from ember.train.oom import split_batch
 
 
 class Mlp(nn.Module):
@@ -75,7 +76,10 @@ def workload(name: str, large: bool = False) -> tuple[nn.Module, torch.optim.Opt
     model: nn.Module
     if name == "mlp":
         model = Mlp(1024 if large else 256)
-        batch: Any = (torch.randn(512 if large else 64, 64), torch.randint(0, 10, (512 if large else 64,)))
+        batch: Any = (
+            torch.randn(512 if large else 64, 64),
+            torch.randint(0, 10, (512 if large else 64,)),
+        )
     elif name == "cnn":
         model = Cnn(32 if large else 8)
         size = 64 if large else 16
@@ -88,24 +92,33 @@ def workload(name: str, large: bool = False) -> tuple[nn.Module, torch.optim.Opt
     return model, torch.optim.Adam(model.parameters(), lr=1e-3), batch
 
 
-def real_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, dtype: Any) -> None:
-    """One training step as ember runs it: forward under autocast with mixed precision,
-    backward, the optimizer step, the gradients cleared."""
-    with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-        loss = model.train_step(batch).loss  # type: ignore[operator]
-    loss.backward()
+def real_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, dtype: Any, split: int = 1
+) -> None:
+    """One training step as ember runs it: for each of `split` micro-batches, forward
+    under autocast with mixed precision and backward of its share of the loss; the
+    optimizer step, the gradients cleared."""
+    pieces = split_batch(batch, split)
+    for piece in pieces:
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+            loss = model.train_step(piece).loss  # type: ignore[operator]
+        (loss / len(pieces)).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
 def measured_peak(
-    model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, dtype: Any = None
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    dtype: Any = None,
+    split: int = 1,
 ) -> int:
     """The peak bytes of a real step after the first (the optimizer state exists): the
     high-water mark of the live storages, those live before the step (parameters,
     buffers, optimizer state, the batch) counted from the start, once each (an in-place
     op returns them again)."""
-    real_step(model, optimizer, batch, dtype)  # the optimizer makes its state
+    real_step(model, optimizer, batch, dtype, split)  # the optimizer makes its state
     tensors = [*model.parameters(), *model.buffers(), *torch.utils._pytree.tree_leaves(batch)]
     tensors += [v for state in optimizer.state.values() for v in state.values()]
     counter = MemoryCap()
@@ -114,5 +127,5 @@ def measured_peak(
             storage = tensor.untyped_storage()
             counter.live[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes())
     with counter:
-        real_step(model, optimizer, batch, dtype)
+        real_step(model, optimizer, batch, dtype, split)
     return counter.peak

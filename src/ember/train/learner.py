@@ -302,6 +302,20 @@ class Learner:
                 parts.app_log.uninstall()
         return self.model
 
+    def memory_estimate(self, batch: Any, *, split: int | None = None, device: Any = None) -> Any:
+        """The peak memory of one training step on `batch` (a `MemoryEstimate`: bytes in
+        all, and of the parameters, gradients, optimizer state, activations and
+        temporaries), computed by running the step on fake tensors: nothing is allocated
+        and the model and optimizer are left as they are. It follows the run's mixed
+        precision, activation checkpointing, gradient accumulation and clipping; `split`:
+        each batch cut into that many micro-batches (`grads_accumulation("auto")`'s
+        factor); under FSDP, one process's figures. On the run's device, or `device`.
+        Raises `MemoryEstimateError` naming why when the step cannot run on fake tensors
+        (shapes that depend on the data's values, custom kernels)."""
+        from ember.train.memory_estimate.fits import learner_estimate
+
+        return learner_estimate(self.options, batch, split, device)
+
     # After the run ---------------------------------------------------------------
     def model_state_dict(self) -> dict[str, Any]:
         """The trained model's whole state. Under FSDP, where each process holds a

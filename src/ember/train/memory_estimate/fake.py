@@ -65,11 +65,11 @@ def fake_model(mode: Any, model: torch.nn.Module, device: torch.device) -> torch
     return copy_
 
 
-def fake_optimizer(
-    optimizer: torch.optim.Optimizer, model: torch.nn.Module, copy_: torch.nn.Module
-) -> torch.optim.Optimizer:
-    """An optimizer of `optimizer`'s type and settings over `copy_`'s parameters."""
-    fakes = {id(real): fake for real, fake in zip(model.parameters(), copy_.parameters())}
+def fake_optimizer(optimizer: Any, fakes: dict[int, Any]) -> torch.optim.Optimizer:
+    """An optimizer of `optimizer`'s type and settings over the fake parameters (`fakes`:
+    the real parameters' ids to them); an ember optimizer config's is bound to them."""
+    if hasattr(optimizer, "bind") and not isinstance(optimizer, torch.optim.Optimizer):
+        return optimizer.bind(list(fakes.values()), 1e-3)  # type: ignore[no-any-return]
     try:
         groups = [
             {**{k: v for k, v in group.items() if k != "params"}}
@@ -125,7 +125,12 @@ def micro_batches(batch: Any, split: int, accumulation: int) -> list[Any]:
 
 
 def run_step(
-    model: Any, optimizer: Any, pieces: list[Any], dtype: Any, device: Any, clip: float | None,
+    model: Any,
+    optimizer: Any,
+    pieces: list[Any],
+    dtype: Any,
+    device: Any,
+    clip: float | None,
     tracker: Any,
 ) -> None:
     """What ember runs for a step: each micro-batch's `train_step` under autocast and
@@ -143,9 +148,9 @@ def run_step(
     optimizer.zero_grad(set_to_none=True)
 
 
-def make_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def make_state(params: Any, optimizer: torch.optim.Optimizer) -> None:
     """The optimizer's state, as after a first step (zero gradients, one step)."""
-    for param in model.parameters():
+    for param in params:
         if param.requires_grad:
             param.grad = torch.zeros_like(param)
     optimizer.step()
@@ -204,10 +209,13 @@ def estimate_step(
     with _disable_current_modes(), torch.enable_grad():  # nothing else sees the fakes
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         copy_ = fake_model(mode, model, device)
-        fake_opt = fake_optimizer(optimizer, model, copy_)
+        fakes = {id(real): fake for real, fake in zip(model.parameters(), copy_.parameters())}
+        fake_opt = fake_optimizer(optimizer, fakes)
         with mode:
             pieces = micro_batches(fake_batch(mode, batch, device), split, accumulation)
-            on_fakes(lambda: make_state(copy_, fake_opt), f"{type(optimizer).__name__}.step")
+            on_fakes(
+                lambda: make_state(copy_.parameters(), fake_opt), f"{type(optimizer).__name__}.step"
+            )
             tracker = MemTracker()
             tracker.track_external(copy_, fake_opt, pieces)
 
