@@ -99,12 +99,20 @@ def real_step(
     under autocast with mixed precision and backward of its share of the loss; the
     optimizer step, the gradients cleared."""
     pieces = split_batch(batch, split)
+    where = next(model.parameters()).device.type
     for piece in pieces:
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        with torch.autocast(where, dtype=dtype, enabled=dtype is not None):
             loss = model.train_step(piece).loss  # type: ignore[operator]
         (loss / len(pieces)).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def storages_before(model: nn.Module, optimizer: Any, batch: Any) -> list[torch.UntypedStorage]:
+    """The storages live before a step: parameters, buffers, optimizer state, the batch."""
+    tensors = [*model.parameters(), *model.buffers(), *torch.utils._pytree.tree_leaves(batch)]
+    tensors += [v for state in optimizer.state.values() for v in state.values()]
+    return [t.untyped_storage() for t in tensors if isinstance(t, torch.Tensor)]
 
 
 def measured_peak(
@@ -119,13 +127,29 @@ def measured_peak(
     buffers, optimizer state, the batch) counted from the start, once each (an in-place
     op returns them again)."""
     real_step(model, optimizer, batch, dtype, split)  # the optimizer makes its state
-    tensors = [*model.parameters(), *model.buffers(), *torch.utils._pytree.tree_leaves(batch)]
-    tensors += [v for state in optimizer.state.values() for v in state.values()]
     counter = MemoryCap()
-    for tensor in tensors:
-        if isinstance(tensor, torch.Tensor):
-            storage = tensor.untyped_storage()
-            counter.live[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes())
+    for storage in storages_before(model, optimizer, batch):
+        counter.live[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes())
     with counter:
         real_step(model, optimizer, batch, dtype, split)
     return counter.peak
+
+
+def cuda_peak(
+    model: nn.Module, optimizer: Any, batch: Any, dtype: Any = None, split: int = 1
+) -> int:
+    """`measured_peak` on CUDA, from the caching allocator (`max_memory_allocated`) over
+    a step after the first, less what was allocated before it that the estimate does not
+    count (the cuBLAS workspaces, other tests' leftovers)."""
+    real_step(model, optimizer, batch, dtype, split)  # the state, the workspaces
+    torch.cuda.synchronize()
+    known = {
+        storage.data_ptr(): -(-storage.nbytes() // 512) * 512
+        for storage in storages_before(model, optimizer, batch)
+        if storage.device.type == "cuda"
+    }
+    unknown = torch.cuda.memory_allocated() - sum(known.values())
+    torch.cuda.reset_peak_memory_stats()
+    real_step(model, optimizer, batch, dtype, split)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - unknown

@@ -202,6 +202,7 @@ def estimate_step(
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
     from torch.utils._python_dispatch import _disable_current_modes
+    from torch.utils._pytree import tree_leaves
 
     device = check_device(device)
     name = f"{type(model).__name__}.train_step"
@@ -217,7 +218,8 @@ def estimate_step(
                 lambda: make_state(copy_.parameters(), fake_opt), f"{type(optimizer).__name__}.step"
             )
             tracker = MemTracker()
-            tracker.track_external(copy_, fake_opt, pieces)
+            leaves = [leaf for leaf in tree_leaves(pieces) if isinstance(leaf, torch.Tensor)]
+            tracker.track_external(copy_, fake_opt, *leaves)
 
             def tracked() -> None:
                 with tracker:
