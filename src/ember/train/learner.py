@@ -11,7 +11,7 @@ read-only properties; after `fit`: `evaluate`, `predict`, `lr_find`, `smoke_test
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
@@ -46,6 +46,9 @@ from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome
 from ember.train.smoke import SmokeReport, smoke_test
 from ember.train.step import check_steps
+
+if TYPE_CHECKING:
+    from ember.train.memory_estimate import MemoryEstimate
 
 log = logging.getLogger(__name__)
 EpochValues = dict[str, dict[str, float]]
@@ -302,7 +305,9 @@ class Learner:
                 parts.app_log.uninstall()
         return self.model
 
-    def memory_estimate(self, batch: Any, *, split: int | None = None, device: Any = None) -> Any:
+    def memory_estimate(
+        self, batch: Any, *, split: int | None = None, device: Any = None
+    ) -> MemoryEstimate:
         """The peak memory of one training step on `batch` (a `MemoryEstimate`: bytes in
         all, and of the parameters, gradients, optimizer state, activations and
         temporaries), computed by running the step on fake tensors: nothing is allocated
