@@ -109,3 +109,23 @@ def test_a_device_this_torch_cannot_run_is_refused_naming_it(tmp_path):
     model, optimizer, batch = workload("mlp")
     with pytest.raises(MemoryEstimateError, match=r"torch.cuda.is_available\(\) is False"):
         learner(tmp_path, model, optimizer).memory_estimate(batch, device="cuda")
+
+
+def test_under_fsdp_the_figures_are_one_process_share_with_the_gathered_units():
+    from ember.train.memory_estimate.fits import per_process
+    from ember.train.parallel import FsdpOptions
+
+    model, _, _ = workload("lm")  # two blocks as units; the embedding and head at the root
+    whole = MemoryEstimate(10_000_000, 4_000_000, 2_000_000, 3_000_000, 800_000, 200_000, "cpu")
+    fsdp = FsdpOptions(modules=(nn.TransformerEncoderLayer,), mixed_precision="bf16")
+    share = per_process(whole, model, fsdp, world=4)
+    block = sum(p.numel() for p in model.blocks.layers[0].parameters())
+    root = sum(p.numel() for p in model.parameters()) - 2 * block
+    assert share.processes == 4 and "per process of 4" in str(share)
+    assert share.parameters == 1_000_000 + (root + 2 * block) * 2  # bf16 copies gathered
+    assert share.gradients == 500_000 + block * 4  # one unit's, before its reduce-scatter
+    assert share.optimizer_state == 750_000
+    assert (share.activations, share.temporaries) == (800_000, 200_000)
+    assert (
+        share.peak == 1_000_000 + 500_000 + 750_000 + 1_000_000 + (root + 2 * block) * 2 + block * 4
+    )
