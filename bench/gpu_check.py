@@ -13,7 +13,9 @@ package it lacks. In order, each with a time limit, about 6 minutes on one GPU:
    line; FSDP and DDP over NCCL when two GPUs are there);
 2. the NVML and system metric tests on the real driver;
 3. `bench/gpu_oom.py`: grads_accumulation("auto") under a 1.6 GiB cap;
-4. `bench/gpu.py` on every workload (mlp, resnet18, transformer, lm8192), raw against
+4. `bench/memory_estimate.py --device cuda`: the memory estimate of a step against
+   `torch.cuda.max_memory_allocated` (MLP, CNN, transformer LM; fp32 and bf16);
+5. `bench/gpu.py` on every workload (mlp, resnet18, transformer, lm8192), raw against
    ember against ember with a CompactRecorder checkpoint per epoch, with allocation
    snapshots and the table of where ember's peak memory goes against raw's.
 
@@ -124,6 +126,11 @@ def main() -> int:
             120,
         ),
         ("Out of memory under a cap", [python, "bench/gpu_oom.py"], 150),
+        (
+            "Memory estimate against max_memory_allocated",
+            [python, "bench/memory_estimate.py", "--device", "cuda"],
+            120,
+        ),
         (
             "Fit time, host syncs and peak memory",
             [

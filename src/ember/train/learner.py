@@ -11,7 +11,7 @@ read-only properties; after `fit`: `evaluate`, `predict`, `lr_find`, `smoke_test
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
@@ -46,6 +46,9 @@ from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome
 from ember.train.smoke import SmokeReport, smoke_test
 from ember.train.step import check_steps
+
+if TYPE_CHECKING:
+    from ember.train.memory_estimate import MemoryEstimate
 
 log = logging.getLogger(__name__)
 EpochValues = dict[str, dict[str, float]]
@@ -301,6 +304,22 @@ class Learner:
                     notices.uninstall()
                 parts.app_log.uninstall()
         return self.model
+
+    def memory_estimate(
+        self, batch: Any, *, split: int | None = None, device: Any = None
+    ) -> MemoryEstimate:
+        """The peak memory of one training step on `batch` (a `MemoryEstimate`: bytes in
+        all, and of the parameters, gradients, optimizer state, activations and
+        temporaries), computed by running the step on fake tensors: nothing is allocated
+        and the model and optimizer are left as they are. It follows the run's mixed
+        precision, activation checkpointing, gradient accumulation and clipping; `split`:
+        each batch cut into that many micro-batches (`grads_accumulation("auto")`'s
+        factor); under FSDP, one process's figures. On the run's device, or `device`.
+        Raises `MemoryEstimateError` naming why when the step cannot run on fake tensors
+        (shapes that depend on the data's values, custom kernels)."""
+        from ember.train.memory_estimate.fits import learner_estimate
+
+        return learner_estimate(self.options, batch, split, device)
 
     # After the run ---------------------------------------------------------------
     def model_state_dict(self) -> dict[str, Any]:

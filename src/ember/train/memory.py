@@ -16,6 +16,22 @@ import torch
 MEMORY_VIZ = "https://pytorch.org/memory_viz"
 
 
+def accelerator(device: torch.device) -> bool:
+    """`device` is an accelerator (CUDA, XPU, MPS...), where a run's memory is scarce and
+    the memory estimate runs; not the CPU."""
+    return device.type not in ("cpu", "meta")
+
+
+def device_memory(device: torch.device) -> tuple[int, int] | None:
+    """`(free, total)` bytes of `device`; None where torch does not tell (the CPU, MPS)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)
+    xpu = getattr(torch, "xpu", None)
+    if device.type == "xpu" and xpu is not None and hasattr(xpu, "mem_get_info"):
+        return xpu.mem_get_info(device)  # type: ignore[no-any-return]
+    return None
+
+
 def start_memory_history(max_entries: int) -> None:
     """Record the CUDA allocations and their Python stacks (the last `max_entries`
     events): the post-mortem names the Python line that allocated each block."""
@@ -43,7 +59,7 @@ def largest_allocations(segments: list[dict[str, Any]], count: int = 5) -> list[
         where = "(no stack recorded)"
         if frame is not None:
             where = f"at {frame.get('filename')}:{frame.get('line')} ({frame.get('name')})"
-        lines.append(f"{_size(int(block.get('size', 0)))} {where}")
+        lines.append(f"{size_text(int(block.get('size', 0)))} {where}")
     return lines
 
 
@@ -64,7 +80,8 @@ def user_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
 _LIBRARY_PATHS = ("/torch/", "/ember/", "/contextlib.py", "/functools.py")
 
 
-def _size(size: int) -> str:
+def size_text(size: float) -> str:
+    """`size` bytes in B, KiB, MiB or GiB."""
     if size < 1024:
         return f"{size} B"
     value = size / 1024

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import torch
 
 from ember.errors import ConfigError
+from ember.train import memory
 from ember.train.checkpoint.file import FileCheckpointer, other_checkpoint_formats
 from ember.train.files.artifacts import Artifacts
 from ember.train.manual import check_automatic, check_manual
@@ -136,6 +137,18 @@ def check_device(
             "FSDP's cpu_offload=True keeps the shards of a model trained on GPUs in host "
             "memory; this run trains on the CPU, where they are already. Drop cpu_offload."
         )
+
+
+def check_device_memory(
+    model: torch.nn.Module, optimizer: Any, device: torch.device, fsdp: Any, world: int
+) -> None:
+    """On an accelerator, the parameters, their gradients and the optimizer state (one
+    process's share under FSDP) fit the device's memory (`memory_estimate/fits.py`)."""
+    if not memory.accelerator(device):
+        return
+    from ember.train.memory_estimate.fits import check_states_fit
+
+    check_states_fit(model, optimizer, device, fsdp, world)
 
 
 def check_resume(

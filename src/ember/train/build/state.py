@@ -14,6 +14,7 @@ from ember.train.build.checks import (
     check_checkpointing,
     check_closures,
     check_device,
+    check_device_memory,
     check_micro_auto,
     check_model,
     check_precision,
@@ -134,6 +135,7 @@ class BuilderState:
             check_micro_auto(manual, state.fsdp)
         device = run_device(model, state.devices, placement)
         check_device(device, state.memory_history, state.fsdp)
+        check_device_memory(model, optimizer, device, state.fsdp, world_size(state.devices))
         if state.sync_batchnorm:
             check_sync_batchnorm(model, world_size(state.devices))
         place_model(model, device, state.recompute, state.compile)

@@ -22,6 +22,7 @@ import torch
 
 from ember.data.device import to_device
 from ember.errors import TrainingError
+from ember.train import memory
 from ember.train.events import ProcessedItem
 from ember.train.fit.parts import FitParts
 from ember.train.fit.state import FitState
@@ -61,6 +62,8 @@ class Stepper:
         """The path of the next step."""
         self.check = 0
         """The iteration whose output is checked (the fit's first)."""
+        self.estimates = memory.accelerator(parts.device)
+        """The fit's first step estimates its memory (on an accelerator)."""
         self.total: int | None = None
 
     def start_epoch(self, start_iteration: int, total: int | None) -> None:
@@ -76,6 +79,11 @@ class Stepper:
         return self.plain and parts.flops.done and not state.token_mean and self.check <= iteration
 
     def _general(self, step: Step) -> bool:
+        if self.estimates:  # once, before the fit's first step
+            self.estimates = False
+            from ember.train.memory_estimate.fits import start_estimate
+
+            start_estimate(self.parts.options, step)
         finite = self.general(step)
         if self._settled(step.first):  # once: the fit's first steps are checked
             self.run = self.plain_step
