@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ember.durable import atomic_write_bytes
+from ember.durable import atomic_write_bytes, sync_later
 from ember.errors import EmberError, RunRecordError
 from ember.train.history_format import (
     damaged,
@@ -430,7 +430,7 @@ class RunHistory:
             with open(self.path, "ab") as file:
                 file.write(sealed_line(record, self.lines + 1) + b"\n")
                 file.flush()
-                os.fsync(file.fileno())
+                sync_later(self.path, file.fileno())
             self.lines += 1
         except OSError as error:
             raise RunRecordError(

@@ -7,6 +7,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from ember.durable import together
 from ember.train.distributed import Distributed
 from ember.train.events import End
 from ember.train.files.run_record import end_session
@@ -108,5 +109,6 @@ def finish_history(parts: FitParts, reason: str) -> None:
     """The outcome, in the history and the session, of a fit that wrote its records (one
     refused before leaves the directory as it was)."""
     if parts.history.path is not None and parts.history.written:
-        parts.history.finish(reason)
-        end_session(parts.artifacts, reason)
+        with together():  # the run's records of its end: durable as one
+            parts.history.finish(reason)
+            end_session(parts.artifacts, reason)

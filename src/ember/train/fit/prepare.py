@@ -11,6 +11,7 @@ import logging
 from dataclasses import replace
 from typing import Any, Iterable
 
+from ember.durable import together
 from ember.errors import TrainingError
 from ember.train import metric_exchange as exchange
 from ember.train.checkpoint.resume import Resume
@@ -200,9 +201,10 @@ def start(parts: FitParts, state: FitState, notes: list[str], valid: Iterable[An
             parts.optim.autocast,
             evaluation(parts.wrapped),
         )
-    if parts.main:
-        commit(parts)
-    parts.history.describe_model(info.model_name, info.num_parameters)
+    with together():  # the run's records of its start: durable as one
+        if parts.main:
+            commit(parts)
+        parts.history.describe_model(info.model_name, info.num_parameters)
     start_loggers(
         parts.loggers,
         RunStart(start.epoch, start.iteration, not start.fresh, processes, hparams, directory),
