@@ -343,7 +343,9 @@ def render(data: dict) -> str:
             loader=loader_text(args.get("loader", "ember")),
             bytecode=bytecode_text(data),
             malloc=malloc_text(args.get("glibc_malloc", "defaults")),
-        ),
+        )
+        if data.get("results")  # else the fixed cost alone (--fixed-only)
+        else f"{bytecode_text(data)}\n\n{malloc_text(args.get('glibc_malloc', 'defaults'))}",
         "",
     ]
     if data.get("results"):
