@@ -89,7 +89,13 @@ def main() -> None:
                         result = worker.run_raw("mlp", 64 * batches, args.valid, scratch)
                     else:
                         result = worker.run_ember(
-                            "mlp", 64 * batches, args.valid, scratch, checkpoint=False
+                            "mlp",
+                            64 * batches,
+                            args.valid,
+                            scratch,
+                            checkpoint=False,
+                            loader="ember",
+                            plain_interval=3600.0,
                         )
                 times[name, batches].append(result["fit_s"])
     MetricsProcessor.update = update

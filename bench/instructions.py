@@ -60,7 +60,7 @@ with contextlib.redirect_stdout(io.StringIO()):
     if variant == "raw":
         worker.run_raw(model, 64 * batches, {valid}, scratch)
     else:
-        worker.run_ember(model, 64 * batches, {valid}, scratch, False)
+        worker.run_ember(model, 64 * batches, {valid}, scratch, False, "ember", 3600.0)
 """
 
 

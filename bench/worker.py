@@ -1,6 +1,7 @@
 """One benchmark measurement in a fresh process; `bench/run.py` starts these.
 
     python bench/worker.py VARIANT MODEL [--train N] [--valid N] [--threads T]
+                           [--loader torch|ember]
 
 VARIANT is one of raw, raw_again (the same loop), ember, ember_ckpt, lightning_min,
 lightning_default, keras;
@@ -8,12 +9,19 @@ MODEL is mlp or cnn. The process imports what the variant needs, generates the
 synthetic data, builds the model and its trainer, then times one training epoch
 plus one validation pass. The last line it prints is one JSON object:
 
-    {"variant", "model", "fit_s", "fit_cpu_s", "setup_s", "maxrss_mb", "train_loss", ...}
+    {"variant", "model", "fit_s", "fit_cpu_s", "setup_s", "maxrss_mb", "train_loss", ...,
+     "bytecode": {"dont_write", "prefix", "modules", "cached"}}
 
 `fit_s` runs from just before the first batch (the call to fit, or the raw loop)
 to the end of validation; imports, data generation and model construction are
 outside it (`setup_s` is the trainer/learner construction alone). `fit_cpu_s` is
 the process's CPU time over the same span; `maxrss_mb` the peak RSS of the process.
+Every variant, ember's included, gets the same torch DataLoaders (`torch_loaders`);
+`--loader ember` gives the ember variants ember's DataLoaderBuilder instead. ember
+renders with the builder's default renderer (plain lines when stdout is a pipe).
+`bytecode` tells whether the process could have read compiled byte code: of the
+`modules` imported from .py sources, `cached` had a byte-code file where this process
+looks for one (0 when it runs with an empty PYTHONPYCACHEPREFIX).
 """
 
 from __future__ import annotations
@@ -285,7 +293,20 @@ def ember_model(model_name: str):
     return torch_net(model_name, Steps)
 
 
-def run_ember(model_name: str, n_train: int, n_valid: int, scratch: str, checkpoint: bool) -> dict:
+def run_ember(
+    model_name: str,
+    n_train: int,
+    n_valid: int,
+    scratch: str,
+    checkpoint: bool,
+    loader: str = "torch",
+    plain_interval: float | None = None,
+) -> dict:
+    """ember as a user runs it: the builder's default renderer (plain progress lines
+    every 10 s when stdout is not a terminal), on the DataLoaders `loader` names
+    ("torch": raw's `torch_loaders`; "ember": `ember_loaders`). `plain_interval`
+    sets `PlainRenderer(interval=...)` instead (bench/attribution.py and
+    bench/instructions.py, which time steps inside one process)."""
     import torch
 
     from ember.record import CompactRecorder
@@ -293,7 +314,8 @@ def run_ember(model_name: str, n_train: int, n_valid: int, scratch: str, checkpo
     from ember.train.metric import AccuracyMetric, LossMetric
     from ember.train.renderer import PlainRenderer
 
-    train_loader, valid_loader = ember_loaders(
+    loaders = torch_loaders if loader == "torch" else ember_loaders
+    train_loader, valid_loader = loaders(
         SyntheticMnist(n_train, DATA_SEED), SyntheticMnist(n_valid, DATA_SEED + 1)
     )
     model = ember_model(model_name)
@@ -304,9 +326,10 @@ def run_ember(model_name: str, n_train: int, n_valid: int, scratch: str, checkpo
         .metric_valid_numeric(AccuracyMetric())
         .metric_train_numeric(LossMetric())
         .metric_valid_numeric(LossMetric())
-        .renderer(PlainRenderer(interval=3600.0))
         .num_epochs(1)
     )
+    if plain_interval is not None:
+        builder = builder.renderer(PlainRenderer(interval=plain_interval))
     if checkpoint:
         builder = builder.with_file_checkpointer(CompactRecorder())
     learner = builder.build(model, torch.optim.Adam(model.parameters(), lr=LR, eps=ADAM_EPS), LR)
@@ -440,6 +463,27 @@ def run_keras(model_name: str, n_train: int, n_valid: int, scratch: str) -> dict
     )
 
 
+def bytecode_use() -> dict:
+    """Whether compiled byte code could have been read: how many of the modules imported
+    from .py sources have a byte-code file where this process looks for one (under
+    `sys.pycache_prefix` when set, else in `__pycache__` beside the source)."""
+    modules = cached = 0
+    for module in list(sys.modules.values()):
+        spec = getattr(module, "__spec__", None)
+        origin = getattr(spec, "origin", None) or ""
+        if not origin.endswith(".py"):
+            continue
+        modules += 1
+        where = getattr(spec, "cached", None)
+        cached += bool(where and os.path.exists(where))
+    return dict(
+        dont_write=bool(sys.flags.dont_write_bytecode),
+        prefix=sys.pycache_prefix,
+        modules=modules,
+        cached=cached,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variant", choices=VARIANTS)
@@ -447,6 +491,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train", type=int, default=60_000)
     parser.add_argument("--valid", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--loader", choices=("torch", "ember"), default="torch")
     args = parser.parse_args(argv)
 
     if args.variant == "keras":
@@ -468,7 +513,12 @@ def main(argv: list[str] | None = None) -> None:
             result = run_raw(args.model, args.train, args.valid, scratch)
         elif args.variant in ("ember", "ember_ckpt"):
             result = run_ember(
-                args.model, args.train, args.valid, scratch, checkpoint=args.variant == "ember_ckpt"
+                args.model,
+                args.train,
+                args.valid,
+                scratch,
+                checkpoint=args.variant == "ember_ckpt",
+                loader=args.loader,
             )
         elif args.variant in ("lightning_min", "lightning_default"):
             result = run_lightning(
@@ -487,6 +537,8 @@ def main(argv: list[str] | None = None) -> None:
         threads=torch.get_num_threads(),
         n_train=args.train,
         n_valid=args.valid,
+        loader=args.loader if args.variant.startswith("ember") else "torch",
+        bytecode=bytecode_use(),
     )
     sys.stdout.flush()
     print(json.dumps(result), flush=True)
