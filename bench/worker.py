@@ -309,10 +309,8 @@ def run_ember(
     bench/instructions.py, which time steps inside one process)."""
     import torch
 
-    from ember.record import CompactRecorder
     from ember.train import LearnerBuilder
     from ember.train.metric import AccuracyMetric, LossMetric
-    from ember.train.renderer import PlainRenderer
 
     loaders = torch_loaders if loader == "torch" else ember_loaders
     train_loader, valid_loader = loaders(
@@ -329,8 +327,12 @@ def run_ember(
         .num_epochs(1)
     )
     if plain_interval is not None:
+        from ember.train.renderer import PlainRenderer
+
         builder = builder.renderer(PlainRenderer(interval=plain_interval))
     if checkpoint:
+        from ember.record import CompactRecorder  # only this variant's script imports it
+
         builder = builder.with_file_checkpointer(CompactRecorder())
     learner = builder.build(model, torch.optim.Adam(model.parameters(), lr=LR, eps=ADAM_EPS), LR)
     setup = time.perf_counter() - t0

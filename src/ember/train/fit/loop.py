@@ -29,6 +29,16 @@ class TrainLoop:
     def __init__(self, parts: FitParts, state: FitState) -> None:
         self.parts, self.state = parts, state
         self.stepper = Stepper(parts, state)
+        options, length = parts.options, parts.length
+        self.quiet = (
+            parts.dist is None
+            and length.train_for is None
+            and not length.counts_tokens
+            and (parts.valid is None or parts.points is None)
+            and options.cadence is None
+            and options.checkpoint_every is None
+        )
+        """Nothing is decided after a step but a stop request (`after_step`)."""
 
     def run(self) -> Outcome:
         """Every epoch left; returns how the run ended."""
@@ -108,6 +118,13 @@ class TrainLoop:
         True when the epoch's steps end here."""
         parts, state, dist = self.parts, self.state, self.parts.dist
         length, interrupter = parts.length, parts.options.interrupter
+        if self.quiet:  # one process, no length, validation point or checkpoint cadence
+            length.count(step)
+            if interrupter.requested:
+                return True
+            if parts.checkpoints.checkpointer is not None:
+                parts.checkpoints.check()  # a background write's failure
+            return False
         before = length.counters
         voted = length.advance(step, dist, interrupter.should_stop)  # collective for tokens
         if length.train_for is not None and length.reached_at(step, dist):  # collective

@@ -105,6 +105,13 @@ class RunLength:
         )
         return voted
 
+    def count(self, step: Step) -> None:
+        """`advance` for a run of one process whose length is not in tokens."""
+        done = self.counters
+        self.counters = tuple.__new__(
+            Counters, (done.steps + 1, done.samples + sum(step.items), done.tokens)
+        )
+
     def end_epoch(self, dist: Any) -> None:
         """At an epoch's end: under several processes, they agree on the counters (the
         last steps of an uneven epoch, which some processes did not have, counted once,

@@ -56,16 +56,16 @@ class AccuracyMetric:
         pad = self.pad_token if self.pad_token is not None else input.pad_token
         checks = self._checks
         predicted: torch.Tensor
-        if (
-            pad is None
-            and not checks.active
-            and output.dim() == 2
-            and output.shape[1] > 1
-            and targets.dim() == 1
-            and targets.dtype in INTEGRAL
-            and output.shape[0] == targets.shape[0]
-        ):  # the common case once the epoch's first batch is checked
-            return percent_correct(output.argmax(dim=-1) == targets)
+        if pad is None and not checks.active:  # the common case once the epoch's first
+            shape, target_shape = output.shape, targets.shape  # batch is checked
+            if (
+                len(shape) == 2
+                and len(target_shape) == 1
+                and shape[1] > 1
+                and shape[0] == target_shape[0]
+                and targets.dtype in INTEGRAL
+            ):
+                return percent_correct(output.argmax(dim=-1) == targets)
         if output.dim() == 1 or (output.dim() == 2 and output.shape[1] == 1):
             # binary: scores of the positive class
             targets = check_binary("AccuracyMetric", _BINARY, output, targets)
