@@ -30,6 +30,7 @@ from ember.train.fit.prepare import prepare, start
 from ember.train.fit.state import FitState
 from ember.train.flops import FlopCount
 from ember.train.guard import LossGuard
+from ember.train.heap import frozen_heap
 from ember.train.history import RunHistory
 from ember.train.length.batches import BatchPlanner
 from ember.train.length.duration import Counters, Duration
@@ -239,7 +240,8 @@ class Learner:
             if lock is not None:
                 kit.artifacts.check_writable()
                 lock.acquire()
-            model = self._run(train, valid, restore_best, dist, lock)
+            with frozen_heap(self.device):  # no full pass of the collector over torch
+                model = self._run(train, valid, restore_best, dist, lock)
             failed = False
             return model
         except BaseException as error:
