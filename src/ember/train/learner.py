@@ -16,33 +16,22 @@ from typing import TYPE_CHECKING, Any, Iterable
 import torch
 
 from ember.errors import TrainingError
-from ember.train.checkpoint.policy import CheckpointPolicy
 from ember.train.distributed import Distributed, setup, world_size
 from ember.train.evaluator import learner_evaluator
-from ember.train.files.artifacts import Artifacts
 from ember.train.files.lock import RunLock
 from ember.train.fit.finish import after_training, close, failure, out_of_memory
 from ember.train.fit.loop import TrainLoop
 from ember.train.fit.notices import ConsoleNotices
 from ember.train.fit.parts import Lasting
-from ember.train.fit.points import ValidationPoints
 from ember.train.fit.prepare import prepare, start
 from ember.train.fit.state import FitState
-from ember.train.flops import FlopCount
-from ember.train.guard import LossGuard
 from ember.train.heap import frozen_heap
-from ember.train.history import RunHistory
 from ember.train.length.batches import BatchPlanner
 from ember.train.length.duration import Counters, Duration
 from ember.train.length.position import Position
-from ember.train.length.run_length import RunLength
 from ember.train.length.signals import signal_handlers
 from ember.train.lr_finder import LrFinderResult, lr_find
-from ember.train.manual import ManualOptimization, StepContext
-from ember.train.memory import (
-    start_memory_history,
-    stop_memory_history,
-)
+from ember.train.memory import start_memory_history, stop_memory_history
 from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome
 from ember.train.smoke import SmokeReport, smoke_test
@@ -71,51 +60,9 @@ class Learner:
         self.metrics = options.metrics
         self.renderer = options.renderer
         self.interrupter = options.interrupter
-        history = RunHistory()
-        checkpoints = CheckpointPolicy(
-            options.checkpointer,
-            options.strategy,
-            options.resume_from,
-            options.on_checkpoint_error,
-            history,
-            options.resume_hyperparameters,
-        )
-        artifacts = Artifacts(options.artifact_dir)
-        self.guard = LossGuard(
-            options.nonfinite_loss, self.device, last_checkpoint=checkpoints.last_good
-        )
-        self.kit = Lasting(
-            options=options,
-            artifacts=artifacts,
-            history=history,
-            checkpoints=checkpoints,
-            guard=self.guard,
-            flops=FlopCount(
-                (entry.metric for entry in self.metrics.get("train", ())),
-                self.model,
-                self.device,
-                self.optim.mixed_precision,
-            ),
-            points=ValidationPoints(
-                options.valid_every,
-                options.grads_accumulation,
-                options.metrics.get("valid", ()),
-                artifacts,
-                history,
-                self.optim.autocast,
-            )
-            if options.valid_every is not None
-            else None,
-            manual=StepContext(self.optim, self.guard)
-            if isinstance(self.optim, ManualOptimization)
-            else None,
-            length=RunLength(
-                options.train_for,
-                options.num_epochs,
-                (options.valid_every, options.checkpoint_every),
-            ),
-        )
+        self.kit = Lasting.of(options)
         """What lasts across `fit` and the verbs after it."""
+        self.guard = self.kit.guard
         self._state = FitState(options.num_epochs, self.kit.length)
         self._outcome: Outcome | None = None
         self._whole: dict[str, Any] | None = None
@@ -310,15 +257,10 @@ class Learner:
     def memory_estimate(
         self, batch: Any, *, split: int | None = None, device: Any = None
     ) -> MemoryEstimate:
-        """The peak memory of one training step on `batch` (a `MemoryEstimate`: bytes in
-        all, and of the parameters, gradients, optimizer state, activations and
-        temporaries), computed by running the step on fake tensors: nothing is allocated
-        and the model and optimizer are left as they are. It follows the run's mixed
-        precision, activation checkpointing, gradient accumulation and clipping; `split`:
-        each batch cut into that many micro-batches (`grads_accumulation("auto")`'s
-        factor); under FSDP, one process's figures. On the run's device, or `device`.
-        Raises `MemoryEstimateError` naming why when the step cannot run on fake tensors
-        (shapes that depend on the data's values, custom kernels)."""
+        """The peak memory of one training step on `batch`, by category, from the step
+        run on fake tensors (nothing allocated; `split`: micro-batches per batch; on the
+        run's device, or `device`); a `MemoryEstimateError` names why a step cannot run
+        so (data-dependent shapes, custom kernels). See `memory_estimate.fits`."""
         from ember.train.memory_estimate.fits import learner_estimate
 
         return learner_estimate(self.options, batch, split, device)

@@ -21,7 +21,7 @@ from ember.train.length.batches import BatchPlanner
 from ember.train.length.run_length import RunLength
 from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.base import MetricLogger
-from ember.train.manual import StepContext
+from ember.train.manual import ManualOptimization, StepContext
 from ember.train.oom import RankSplit
 from ember.train.optimization import Optimization
 from ember.train.options import LearnerOptions
@@ -44,6 +44,52 @@ class Lasting:
     points: ValidationPoints | None
     manual: StepContext | None
     length: RunLength
+
+    @classmethod
+    def of(cls, options: LearnerOptions) -> Lasting:
+        """What lasts of a run built with `options`."""
+        optim, history = options.optimization, RunHistory()
+        checkpoints = CheckpointPolicy(
+            options.checkpointer,
+            options.strategy,
+            options.resume_from,
+            options.on_checkpoint_error,
+            history,
+            options.resume_hyperparameters,
+        )
+        artifacts = Artifacts(options.artifact_dir)
+        guard = LossGuard(
+            options.nonfinite_loss, options.device, last_checkpoint=checkpoints.last_good
+        )
+        return cls(
+            options=options,
+            artifacts=artifacts,
+            history=history,
+            checkpoints=checkpoints,
+            guard=guard,
+            flops=FlopCount(
+                (entry.metric for entry in options.metrics.get("train", ())),
+                options.model,
+                options.device,
+                optim.mixed_precision,
+            ),
+            points=ValidationPoints(
+                options.valid_every,
+                options.grads_accumulation,
+                options.metrics.get("valid", ()),
+                artifacts,
+                history,
+                optim.autocast,
+            )
+            if options.valid_every is not None
+            else None,
+            manual=StepContext(optim, guard) if isinstance(optim, ManualOptimization) else None,
+            length=RunLength(
+                options.train_for,
+                options.num_epochs,
+                (options.valid_every, options.checkpoint_every),
+            ),
+        )
 
     @property
     def model(self) -> torch.nn.Module:
