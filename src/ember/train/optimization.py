@@ -56,6 +56,8 @@ class Optimization:
         """The steps run under autocast (mixed precision)."""
         self._prepared = False
         self._clips = clip_norm is not None or clip_value is not None
+        self.bare = callbacks is None and self.scaler is None and not self._clips
+        """Nothing runs around the optimizer's step but the schedule's (`step`)."""
         self.micro_split: int | None = None
         """Under `grads_accumulation("auto")`: how many micro-batches each batch is split
         into (1 until a step runs out of memory; `train/oom.py`). None otherwise."""
@@ -90,13 +92,7 @@ class Optimization:
         try:
             scaled.backward(inputs=inputs)
         except RuntimeError as error:
-            if "backward through the graph a second time" in str(error):
-                raise TrainingError(
-                    "train_step called loss.backward() itself: ember calls backward on the "
-                    "loss the step returns (that is how it accumulates gradients, scales "
-                    "mixed-precision losses and synchronises devices). Remove the backward() "
-                    "call (and any optimizer.step()/zero_grad()) from train_step."
-                ) from error
+            explain_backward(error)
             raise
         if callbacks is not None and callbacks.after_backward:
             callbacks.call("on_after_backward")
@@ -129,7 +125,7 @@ class Optimization:
     def step(self) -> None:
         """Apply the accumulated gradients, then clear them."""
         closure, self.closure = self.closure, None
-        if self.callbacks is None and self.scaler is None and not self._clips:
+        if self.bare:
             if closure is None:  # `apply` with nothing around the step
                 self.optimizer.step()
             else:
@@ -307,3 +303,15 @@ def check_mixed_precision(value: Any) -> MixedPrecision | None:
     if value is None or value in ("bf16", "fp16"):
         return value
     raise ConfigError(f"mixed_precision takes 'bf16' or 'fp16', got {value!r}.")
+
+
+def explain_backward(error: RuntimeError) -> None:
+    """Raise a `TrainingError` for an error of the backward of a step's loss when
+    `train_step` already called backward on it (the caller re-raises any other)."""
+    if "backward through the graph a second time" in str(error):
+        raise TrainingError(
+            "train_step called loss.backward() itself: ember calls backward on the "
+            "loss the step returns (that is how it accumulates gradients, scales "
+            "mixed-precision losses and synchronises devices). Remove the backward() "
+            "call (and any optimizer.step()/zero_grad()) from train_step."
+        ) from error

@@ -13,6 +13,7 @@ from ember.train.events import StartEpoch
 from ember.train.fit import epoch_end
 from ember.train.fit.parts import FitParts
 from ember.train.fit.state import EndedInside, FitState
+from ember.train.fit.steady import steady_steps
 from ember.train.fit.stepper import Stepper
 from ember.train.length.batches import EpochPlan, Step
 from ember.train.length.duration import crossed
@@ -83,13 +84,19 @@ class TrainLoop:
             processor.restore_epoch_states(parts.resume.metric_states(dist), parts.device)
         state.iteration, state.items, stop = start.iteration, start.items, False
         stepper.start_epoch(start.iteration, plan.total)
-        ranks = parts.ranks
+        ranks, batches = parts.ranks, plan.batches()
+        steps = plan.steps(batches)
+        steady = self.quiet and plan.single and stepper.plain
         with ranks.join() if ranks is not None else join(parts.wrapped):  # collective at exit
-            for step in plan:
+            while not stop:
+                if steady and stepper.run == stepper.plain_step:  # the rest in one loop
+                    stop = steady_steps(parts, state, batches, stepper.apply)
+                    break
+                step = next(steps, None)
+                if step is None:
+                    break
                 stepper.apply(stepper.run(step))
                 stop = self.after_step(step, plan.total)
-                if stop:
-                    break
         parts.guard.flush()
         parts.length.end_epoch(dist)  # collective: the epoch's counters on every process
         if state.iteration == start.iteration:

@@ -37,6 +37,9 @@ def batch_size(batch: Any) -> int:
     """The number of items in a batch: its `num_items` when it says (an int, e.g. B
     for a [T, B] sequence batch), else the first dimension of its first tensor (0 when
     it cannot be told)."""
+    head = batch[0] if type(batch) in (tuple, list) and batch else None
+    if type(head) is Tensor and head.dim() > 0:  # the common case, read once per step
+        return int(head.shape[0])
     told = getattr(batch, "num_items", None)
     if isinstance(told, int) and not isinstance(told, bool):
         return told
@@ -158,18 +161,22 @@ class EpochPlan:
             yield StandIn(batch)
 
     def __iter__(self) -> Iterator[Step]:
-        batches = self.batches()
+        return self.steps(self.batches())
+
+    @property
+    def single(self) -> bool:
+        """Each step is one batch of this process alone (`steps` yields a step per
+        item of `batches()`, in order)."""
+        return self.accumulation == 1 and self._shards is None
+
+    def steps(self, batches: Iterator[Any]) -> Iterator[Step]:
+        """The steps of `batches` (from `batches()`)."""
         done = 0  # batches of this run so far
         shards, world = self._shards, self._world
         if self.accumulation == 1 and shards is None:  # a step per batch, weighing all of it
             first, shares = self.start.iteration + 1, [float(world)]
             for done, batch in enumerate(batches):
-                head = batch[0] if type(batch) in (tuple, list) and batch else None
-                if type(head) is Tensor and head.dim() > 0:  # batch_size's common case
-                    size = int(head.shape[0])
-                else:
-                    size = batch_size(batch)
-                sizes = [size]  # the samples of the batch, and of the step's count
+                sizes = [batch_size(batch)]  # the samples of the batch, and of the step's count
                 yield tuple.__new__(Step, ([batch], first + done, sizes, shares, sizes, True, None))
             return
         # with stand-ins, a stop is agreed on only while every process has a batch of its
