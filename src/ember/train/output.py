@@ -15,6 +15,7 @@ import torch
 
 from ember.errors import TrainingError
 from ember.train import host
+from ember.train.metric.accuracy import AccuracyMetric
 from ember.train.metric.inputs import (
     ClassificationInput,
     ImageInput,
@@ -25,6 +26,7 @@ from ember.train.metric.inputs import (
     SequenceInput,
     TextInput,
 )
+from ember.train.metric.loss import LossMetric
 
 
 @dataclass
@@ -225,6 +227,28 @@ class ImageOutput(LossFields, _ImageFields):
         if input_type is LossInput and self.loss is not None:
             return LossInput(self.loss, int(self.targets.shape[0]), self.loss_reduction)
         return None
+
+
+def quick_reader(output_type: type, metric: Any) -> Callable[[Any], Any] | None:
+    """How `metric` reads its common case straight from a step output of exactly
+    `output_type`, without the input `adapt` would make: a function of the output
+    that returns what the metric's `update` would return on that input, or None when
+    the output is not that case (then the output is adapted and `update` called).
+    None when there is no such reading. A step's metrics are read once a step, so
+    the calls they take show on a small model."""
+    kind = type(metric)
+    if kind is LossMetric and output_type in _PREDICTED:
+        quick_loss = metric.quick  # `loss_input(loss, targets.shape[0])`, reduced by mean
+        return lambda item: (
+            quick_loss(item.loss, item.targets.shape[0]) if item.loss_reduction == "mean" else None
+        )
+    if kind is AccuracyMetric and output_type is ClassificationOutput:
+        quick_accuracy = metric.quick  # `ClassificationInput(output, targets)`
+        return lambda item: quick_accuracy(item.output, item.targets)
+    return None
+
+
+_PREDICTED = (ClassificationOutput, MultiLabelClassificationOutput, RegressionOutput)
 
 
 def loss_weight(item: Any) -> int | torch.Tensor | None:

@@ -29,6 +29,7 @@ from ember.train.metric.inputs import LossInput
 from ember.train.metric.loss import LossMetric
 from ember.train.metric.state import MetricState
 from ember.train.metric_check import check_first_batch, single_number
+from ember.train.output import quick_reader
 from ember.train.renderer.base import MetricView, Progress, Renderer
 
 log = logging.getLogger(__name__)
@@ -148,17 +149,20 @@ class MetricsProcessor:
             try:
                 for state in states:
                     if item_type is state.adapts:  # the output type's own adapt, known to work
-                        adapted = item.adapt(state.input_type)
-                        if type(adapted) is not state.input_type:
-                            adapted = adapt(item, state.input_type, state.name)
+                        reader = state.reader  # the metric's common case, read directly
+                        value = reader(item) if reader is not None else None
+                        if value is None:
+                            adapted = item.adapt(state.input_type)
+                            if type(adapted) is not state.input_type:
+                                adapted = adapt(item, state.input_type, state.name)
+                            value = state.metric.update(adapted, meta)
                     else:
-                        adapted = _adapt(state, item)
-                    value = state.metric.update(adapted, meta)
+                        value = state.metric.update(_adapt(state, item), meta)
                     number, weight = value.value, value.weight
                     # Values already on the host are read at once (no sync, and no small
                     # tensors kept alive between ticks); device values wait for the tick.
                     if type(number) is Tensor:
-                        if state.here or (state.here is None and _learn_host(state, number)):
+                        if state.here or (state.here is None and state.learn_here(number)):
                             try:
                                 number = number.item()
                             except RuntimeError:
@@ -432,18 +436,13 @@ _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_ena
 
 def _adapt(state: MetricState, item: Any) -> Any:
     """`item` as `state`'s metric reads it, remembering the output type whose own
-    `adapt` gives it (`MetricsProcessor.update` then calls that directly)."""
+    `adapt` gives it (`MetricsProcessor.update` then calls that directly, or first
+    the metric's quick reading of that type, `quick_reader`)."""
     input_type = state.input_type
     if type(item) is input_type:
         return item
     adapted = adapt(item, input_type, state.name)
     if type(adapted) is input_type and adapted is not item:
         state.adapts = type(item)
+        state.reader = quick_reader(type(item), state.metric)
     return adapted
-
-
-def _learn_host(state: MetricState, tensor: Tensor) -> bool:
-    """Whether `state`'s values are read without a wait (`host.on_host`), learned from
-    its first tensor of the split."""
-    here = state.here = bool(host.on_host(tensor))
-    return here

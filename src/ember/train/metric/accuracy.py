@@ -51,21 +51,34 @@ class AccuracyMetric:
         self._probabilities = Probabilities(from_logits, "AccuracyMetric()")
         self._checks = FirstBatch()
 
+    def quick(self, output: torch.Tensor, targets: torch.Tensor) -> MetricValue | None:
+        """`update`'s common case, read from the output's fields as they are: scores
+        [N, C] against class indices [N], without padding, once the epoch's first batch
+        is checked. None in any other case (then `update` reads its input)."""
+        if self._checks.active or self.pad_token is not None:
+            return None
+        shape, target_shape = output.shape, targets.shape
+        if (
+            len(shape) == 2
+            and len(target_shape) == 1
+            and shape[1] > 1
+            and shape[0] == target_shape[0]
+            and targets.dtype in INTEGRAL
+        ):  # the count of correct predictions, made as `percent_correct` makes it
+            n = shape[0]
+            correct = (output.argmax(dim=-1) == targets).sum()
+            return tuple.__new__(MetricValue, (correct, n, 100.0, max(n, 1)))
+        return None
+
     def update(self, input: ClassificationInput, meta: MetricMetadata) -> MetricValue:
         output, targets = input.output, input.targets
         pad = self.pad_token if self.pad_token is not None else input.pad_token
         checks = self._checks
         predicted: torch.Tensor
-        if pad is None and not checks.active:  # the common case once the epoch's first
-            shape, target_shape = output.shape, targets.shape  # batch is checked
-            if (
-                len(shape) == 2
-                and len(target_shape) == 1
-                and shape[1] > 1
-                and shape[0] == target_shape[0]
-                and targets.dtype in INTEGRAL
-            ):
-                return percent_correct(output.argmax(dim=-1) == targets)
+        if pad is None:
+            value = self.quick(output, targets)
+            if value is not None:
+                return value
         if output.dim() == 1 or (output.dim() == 2 and output.shape[1] == 1):
             # binary: scores of the positive class
             targets = check_binary("AccuracyMetric", _BINARY, output, targets)

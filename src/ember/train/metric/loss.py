@@ -25,11 +25,19 @@ class LossMetric:
     higher_is_better = False
     input_type = LossInput
 
+    def quick(self, loss: object, samples: int) -> MetricValue | None:
+        """`update`'s common case, read from the output's fields as they are: a scalar
+        tensor, the mean over `samples`. None in any other case."""
+        if type(loss) is torch.Tensor and loss.dim() == 0:  # (a MetricValue made without
+            return tuple.__new__(MetricValue, (loss.detach(), samples, 1.0, 1.0))  # a call)
+        return None
+
     def update(self, input: LossInput, meta: MetricMetadata) -> MetricValue:
         loss, reduction = input.loss, input.reduction
-        if reduction == "mean" and type(loss) is torch.Tensor and loss.dim() == 0:
-            # the common case; a MetricValue made without a Python-level call
-            return tuple.__new__(MetricValue, (loss.detach(), input.batch_size, 1.0, 1.0))
+        if reduction == "mean":
+            value = self.quick(loss, input.batch_size)
+            if value is not None:
+                return value
         if reduction not in ("mean", "sum", "token_mean"):
             raise TrainingError(
                 "LossMetric reads a loss reduced by 'mean', 'sum' or 'token_mean'; got "

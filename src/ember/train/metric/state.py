@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 from operator import mul
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from ember.train import host
 from ember.train.metric.base import metric_unit
 
 
@@ -108,6 +109,8 @@ class MetricState:
         self.input_type: type = metric.input_type
         self.adapts: type | None = None
         """The step output type whose own `adapt` gave this metric's input."""
+        self.reader: Callable[[Any], Any] | None = None
+        """The metric's quick reading of that type's outputs (`output.quick_reader`)."""
         self.gathers = gathers
         self.pending: list[tuple[int, Any, Any, Any, Any]] = []
         """(iteration, value, weight, scale, divisor): host numbers, or tensors still on
@@ -149,6 +152,12 @@ class MetricState:
         self.last = values[-1]
         if self.gathers and not shared:
             self.unshared.extend(zip(values, weights))
+
+    def learn_here(self, tensor: torch.Tensor) -> bool:
+        """Whether this metric's values are read without a wait (`host.on_host`),
+        learned from its first tensor of the split."""
+        here = self.here = bool(host.on_host(tensor))
+        return here
 
     def take_unshared(self) -> list[tuple[float, float]]:
         """The rows drained since the last exchange between processes (then forgotten)."""
