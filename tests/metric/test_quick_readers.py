@@ -5,16 +5,13 @@ whose metrics read quickly writes the same files as one whose metrics never do."
 
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
-from ember_testing import BlobBatcher, BlobDataset, Classifier
+from ember_testing import BlobBatcher, BlobDataset, Classifier, blob_builder
 
 from ember.data import DataLoaderBuilder
 from ember.train import (
     ClassificationOutput,
-    LearnerBuilder,
     MultiLabelClassificationOutput,
     RegressionOutput,
     SequenceOutput,
@@ -23,7 +20,6 @@ from ember.train import processor as processor_module
 from ember.train.metric import AccuracyMetric, LossMetric
 from ember.train.metric.base import MetricMetadata
 from ember.train.output import quick_reader
-from ember.train.renderer import PlainRenderer
 
 META = MetricMetadata("train", 1, 1, 1, None, None)
 LOSS = torch.tensor(0.75)
@@ -107,12 +103,8 @@ def fit(directory) -> None:
     torch.manual_seed(0)
     model = Classifier()
     (
-        LearnerBuilder(directory)
+        blob_builder(directory)
         .metric_train_numeric(AccuracyMetric())
-        .metric_train_numeric(LossMetric())
-        .metric_valid_numeric(AccuracyMetric())
-        .metric_valid_numeric(LossMetric())
-        .renderer(PlainRenderer(interval=0.0, stream=io.StringIO()))
         .num_epochs(2)
         .build(model, torch.optim.Adam(model.parameters(), lr=1e-2), 1e-2)
         .fit(
