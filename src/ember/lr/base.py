@@ -98,8 +98,13 @@ class LrDriver:
             self._epoch_lr = lr
         return lr
 
+    @property
+    def steps_after(self) -> bool:
+        """`after_step` steps the scheduler (a torch scheduler, stepped every step)."""
+        return self.is_torch and self.interval == "step"
+
     def after_step(self) -> None:
-        if self.is_torch and self.interval == "step":
+        if self.steps_after:
             self.scheduler.step()
 
     def end_epoch(self, values: Mapping[str, Mapping[str, float]]) -> None:

@@ -139,24 +139,17 @@ class MetricsProcessor:
         self._items += batch_size
         states = self._states
         if states:
-            meta = tuple.__new__(  # a MetricMetadata, made without a Python call (one per step)
-                MetricMetadata,
-                (self._split, self._epoch, self.num_epochs, iteration, self._num_iterations, lr),
-            )
+            meta = None
             grad = _grad_enabled()
             _set_grad_enabled(False)  # metric updates never build a graph
             item_type, loss_state = type(item), self._loss_state
             try:
                 for state in states:
-                    if item_type is state.adapts:  # the output type's own adapt, known to work
-                        reader = state.reader  # the metric's common case, read directly
-                        value = reader(item) if reader is not None else None
-                        if value is None:
-                            adapted = item.adapt(state.input_type)
-                            if type(adapted) is not state.input_type:
-                                adapted = adapt(item, state.input_type, state.name)
-                            value = state.metric.update(adapted, meta)
-                    else:
+                    reader = state.reader if item_type is state.adapts else None
+                    value = reader(item) if reader is not None else None  # the common case
+                    if value is None:  # the metric's update on its input
+                        if meta is None:
+                            meta = self._meta(iteration, lr)
                         value = state.metric.update(_adapt(state, item), meta)
                     number, weight = value.value, value.weight
                     # Values already on the host are read at once (no sync, and no small
@@ -183,6 +176,11 @@ class MetricsProcessor:
                 _set_grad_enabled(grad)
         if time.monotonic() >= self._next_tick and not self._held:
             self._tick()
+
+    def _meta(self, iteration: int, lr: float | None) -> MetricMetadata:
+        """What a metric's `update` is told of the step."""
+        split, epoch, total = self._split, self._epoch, self._num_iterations
+        return MetricMetadata(split, epoch, self.num_epochs, iteration, total, lr)
 
     def hold(self) -> tuple[int, int, list[int]]:
         """Keep the coming updates on the device, undoable (`undo`) until `release`:
@@ -436,10 +434,14 @@ _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_ena
 
 def _adapt(state: MetricState, item: Any) -> Any:
     """`item` as `state`'s metric reads it, remembering the output type whose own
-    `adapt` gives it (`MetricsProcessor.update` then calls that directly, or first
-    the metric's quick reading of that type, `quick_reader`)."""
-    input_type = state.input_type
-    if type(item) is input_type:
+    `adapt` gives it (then called directly), and the metric's quick reading of that
+    type (`quick_reader`, which `MetricsProcessor.update` tries first)."""
+    input_type, kind = state.input_type, type(item)
+    if kind is state.adapts:  # the output type's own adapt, known to work
+        adapted = item.adapt(input_type)
+        if type(adapted) is input_type:
+            return adapted
+    if kind is input_type:
         return item
     adapted = adapt(item, input_type, state.name)
     if type(adapted) is input_type and adapted is not item:

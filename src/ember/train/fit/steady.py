@@ -27,7 +27,8 @@ def steady_steps(parts: FitParts, state: FitState, batches: Iterator[Any], apply
     optim, guard, processor, length = parts.optim, parts.guard, parts.processor, parts.length
     optimizer, lr, update = optim.optimizer, optim.lr, processor.update
     bare = optim.bare
-    optimizer_step, zero_grad, after_lr = optimizer.step, optimizer.zero_grad, lr.after_step
+    optimizer_step, zero_grad = optimizer.step, optimizer.zero_grad
+    after_lr = lr.after_step if lr.steps_after else None
     train_step: Any = parts.model.train_step
     interrupter = parts.options.interrupter
     checkpoints = parts.checkpoints if parts.checkpoints.checkpointer is not None else None
@@ -60,7 +61,8 @@ def steady_steps(parts: FitParts, state: FitState, batches: Iterator[Any], apply
                 update(output.item, iteration, size, rate)
                 if bare:
                     optimizer_step()
-                    after_lr()
+                    if after_lr is not None:
+                        after_lr()
                     zero_grad(set_to_none=True)
                 else:
                     optim.step()
