@@ -17,6 +17,7 @@ from ember.record import DefaultRecorder
 from ember.train import LearnerBuilder
 from ember.train.fit import loop
 from ember.train.fit.stepper import Stepper
+from ember.train.history import RunHistory
 from ember.train.metric import AccuracyMetric, LossMetric
 from ember.train.renderer import PlainRenderer
 
@@ -86,11 +87,14 @@ def counted(monkeypatch):
 
 
 def same_run(one, other) -> None:
-    """The same weights, history and metric files."""
+    """The same weights, history, run counters and metric files."""
     (model, history, directory), (model2, history2, directory2) = one, other
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, model2.state_dict()[name]), name
     assert history == history2
+    counters = RunHistory.load(directory / "history.jsonl").counters
+    assert counters == RunHistory.load(directory2 / "history.jsonl").counters
+    assert [(c["steps"], c["samples"]) for c in counters.values()] == [(6, 96), (12, 192)]
     files = sorted(p.relative_to(directory) for p in directory.rglob("*.log"))
     metric_files = [p for p in files if p.parts[0] in ("train", "valid")]
     assert len(metric_files) == 2 * 3  # two epochs of Accuracy and Loss, and valid Loss
@@ -152,3 +156,26 @@ def test_a_stop_inside_the_steady_loop_resumes_exactly(tmp_path, counted):
     resumed_learner = again.build(fresh, torch.optim.Adam(fresh.parameters(), lr=1e-2), 1e-2)
     resumed = resumed_learner.fit(*loaders())
     same_run(whole, (resumed, resumed_learner.history, directory))
+
+
+class FailsAt(Classifier):
+    """A model whose step raises at its `at`-th call."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.steps = at, 0
+
+    def train_step(self, batch):
+        self.steps += 1
+        if self.steps == self.at:
+            raise ValueError("a broken batch")
+        return super().train_step(batch)
+
+
+def test_an_error_inside_the_steady_loop_names_its_step(tmp_path, counted):
+    model = FailsAt(at=10)  # epoch 2, iteration 4
+    learner = builder(tmp_path).build(model, torch.optim.Adam(model.parameters(), lr=1e-2), 1e-2)
+    with pytest.raises(ValueError, match="a broken batch") as raised:
+        learner.fit(*loaders())
+    assert counted["steady"] == 5 + 4  # epoch 1's last five, and epoch 2's first four
+    assert "ember: raised by train_step at epoch 2, iteration 4" in "".join(raised.value.__notes__)
