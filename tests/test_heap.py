@@ -7,29 +7,11 @@ import gc
 
 import pytest
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from ember_testing import BlobBatcher, BlobDataset, Classifier, blob_builder
 
-from ember.train import ClassificationOutput, LearnerBuilder, TrainOutput, heap
+from ember.data import DataLoaderBuilder
+from ember.train import heap
 from ember.train.callbacks import Callback
-from ember.train.renderer import PlainRenderer
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 2)
-
-    def forward(self, x):
-        return self.linear(x)
-
-    def valid_step(self, batch):
-        x, y = batch
-        out = self(x)
-        return ClassificationOutput(nn.functional.cross_entropy(out, y), out, y)
-
-    def train_step(self, batch):
-        return TrainOutput(self.valid_step(batch))
 
 
 class FreezeCounts(Callback):
@@ -42,17 +24,16 @@ class FreezeCounts(Callback):
 
 def fit(tmp_path) -> FreezeCounts:
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
     seen = FreezeCounts()
-    model = Net()
+    model = Classifier()
     learner = (
-        LearnerBuilder(tmp_path / "run")
-        .renderer(PlainRenderer(interval=3600.0))
+        blob_builder(tmp_path / "run")
         .callback(seen)
         .num_epochs(2)
         .build(model, torch.optim.SGD(model.parameters(), lr=0.1), 0.1)
     )
-    learner.fit(DataLoader(data, batch_size=8), DataLoader(data, batch_size=8))
+    loader = DataLoaderBuilder(BlobBatcher()).batch_size(8)
+    learner.fit(loader.build(BlobDataset(32)), loader.build(BlobDataset(32, seed=1)))
     return seen
 
 
