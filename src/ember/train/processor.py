@@ -445,6 +445,6 @@ def _adapt(state: MetricState, item: Any) -> Any:
         return item
     adapted = adapt(item, input_type, state.name)
     if type(adapted) is input_type and adapted is not item:
-        state.adapts = type(item)
-        state.reader = quick_reader(type(item), state.metric)
+        state.adapts = kind
+        state.reader = quick_reader(kind, state.metric)
     return adapted
