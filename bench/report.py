@@ -6,10 +6,15 @@ the paired median (each repetition's fit time over raw's of the same repetition,
 median over repetitions), the ratio of the median fit times, and the fastest run over
 raw's fastest (best / best). The least favourable of the three is the one a target is
 held to.
+
+Beside the ratio of medians stands its 95% interval (`interval`): resampling each side's
+runs gives the range a run of as many repetitions on this machine could have given.
+When a target lies inside it, the run cannot tell whether the target is met.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 from typing import Any
 
@@ -83,10 +88,29 @@ def ratios(data: dict, model: str, variant: str, threads: int) -> dict[str, Any]
         "paired": statistics.median(pairs) if pairs else None,
         "medians": median_of(runs, "fit_s") / median_of(raw, "fit_s"),
         "best": min(r["fit_s"] for r in runs) / min(r["fit_s"] for r in raw),
+        "interval": interval([r["fit_s"] for r in runs], [r["fit_s"] for r in raw]),
     }
     known = [(found[name], name) for name in STATISTICS if found[name] is not None]
     found["worst"], found["worst_name"] = max(known)
     return found
+
+
+def interval(times: list[float], raw: list[float], draws: int = 4000) -> tuple[float, float]:
+    """The 95% bootstrap interval of median(times) / median(raw): each side's runs drawn
+    again with replacement, `draws` times (a fixed seed: the report is reproducible)."""
+    draw = random.Random(0).choices
+    found = sorted(
+        statistics.median(draw(times, k=len(times))) / statistics.median(draw(raw, k=len(raw)))
+        for _ in range(draws)
+    )
+    return found[int(0.025 * draws)], found[int(0.975 * draws) - 1]
+
+
+def medians_text(found: dict | None) -> str:
+    if found is None:
+        return "–"
+    low, high = found["interval"]
+    return f"{found['medians']:.3f} ({low:.3f}–{high:.3f})"
 
 
 def paired_text(found: dict | None) -> str:
@@ -127,8 +151,8 @@ def ratio_rows(data: dict, threads: int) -> list[str]:
         "Fit time over the raw loop's, three ways, each beside the raw loop's second "
         "process (`raw_again`, the machine's noise):",
         "",
-        "| model | variant | paired median (min–max) | noise | ratio of medians | noise "
-        "| best / best | noise | least favourable |",
+        "| model | variant | paired median (min–max) | noise | ratio of medians (95% interval) "
+        "| noise | best / best | noise | least favourable |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for model in data["models"]:
@@ -141,7 +165,7 @@ def ratio_rows(data: dict, threads: int) -> list[str]:
                 continue
             rows.append(
                 f"| {model} | {variant} | {paired_text(found)} | {paired_text(noise)} "
-                f"| {ratio_text(found['medians'])} | {ratio_text(noise and noise['medians'])} "
+                f"| {medians_text(found)} | {ratio_text(noise and noise['medians'])} "
                 f"| {ratio_text(found['best'])} | {ratio_text(noise and noise['best'])} "
                 f"| {found['worst']:.3f} |"
             )
@@ -156,13 +180,19 @@ def least_favourable(data: dict, model: str, threads: list[int]) -> dict | None:
     for count in threads:
         found = ratios(data, model, "ember", count)
         if found is not None and (worst is None or found["worst"] > worst[0]):
-            worst = (found["worst"], found["worst_name"], count)
+            worst = (found["worst"], found["worst_name"], count, found["interval"])
         again = ratios(data, model, NOISE, count)
         if again is not None:
             noise = again["worst"] if noise is None else max(noise, again["worst"])
     if worst is None:
         return None
-    return {"value": worst[0], "statistic": worst[1], "threads": worst[2], "noise": noise}
+    return {
+        "value": worst[0],
+        "statistic": worst[1],
+        "threads": worst[2],
+        "interval": worst[3],
+        "noise": noise,
+    }
 
 
 def least_text(data: dict, model: str, threads: list[int]) -> str | None:
@@ -173,9 +203,13 @@ def least_text(data: dict, model: str, threads: list[int]) -> str | None:
     verdict = "" if limit is None else f"; target <= {limit:.2f}: {yes(found['value'] <= limit)}"
     noise = "" if found["noise"] is None else f"; raw_again's largest {found['noise']:.3f}"
     where = f", {threads_text(found['threads'])}" if len(threads) > 1 else ""
+    low, high = found["interval"]
+    spread = f" The ratio of medians there lies in {low:.3f}–{high:.3f} (95%)"
+    if limit is not None and low <= limit <= high:
+        spread += f": {limit:.2f} is inside it, so this run cannot tell whether the target is met"
     return (
         f"Least favourable, {model}: ember / raw {found['value']:.3f} "
-        f"({NAMES[found['statistic']]}{where}){noise}{verdict}."
+        f"({NAMES[found['statistic']]}{where}){noise}{verdict}.{spread}."
     )
 
 

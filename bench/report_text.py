@@ -44,7 +44,10 @@ exit, timed by the parent. Peak RSS is `getrusage(RUSAGE_SELF).ru_maxrss`. `CPU 
 median (each repetition's time over raw's in the same repetition, run back to back, so slow \
 changes in the machine's load mostly cancel), the ratio of the medians, and best / best (the \
 fastest runs, the least disturbed by other processes); each beside the same figure for \
-`raw_again`. A target is held to the least favourable of the three. Train loss is the epoch's \
+`raw_again`. A target is held to the least favourable of the three. The ratio of medians \
+comes with its 95% interval (each side's runs drawn again with replacement, 4,000 times): \
+the range another run of as many repetitions could give on this machine; a target inside \
+it is not resolved by the run. Train loss is the epoch's \
 sample-weighted mean (Keras: its running mean of batch losses)."""
 
 

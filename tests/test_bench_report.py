@@ -77,7 +77,10 @@ def test_the_report_has_the_ratios_beside_the_noise_per_thread_count_and_the_fix
     text = run.render(data())
     for heading in ("## Results, 1 torch thread", "## Results, 2 torch threads"):
         assert heading in text
-    columns = "| paired median (min–max) | noise | ratio of medians | noise | best / best | noise |"
+    columns = (
+        "| paired median (min–max) | noise | ratio of medians (95% interval) | noise "
+        "| best / best | noise |"
+    )
     assert columns in text
     assert "- Least favourable, mlp: ember / raw 1.050 (paired median, 2 torch threads)" in text
     assert "target <= 1.03: no." in text
@@ -90,3 +93,27 @@ def test_the_report_has_the_ratios_beside_the_noise_per_thread_count_and_the_fix
 def test_results_md_keeps_the_other_benchmarks_sections_only():
     kept = "# ember benchmark\n\n## Results\n\nold\n\n## Targets\n\nold\n\n## Compact\n\nkept\n"
     assert run.other_sections(kept) == "\n## Compact\n\nkept\n"
+
+
+def test_the_ratio_of_medians_comes_with_its_95_percent_interval():
+    found = report["ratios"](data(), "mlp", "ember", 2)
+    low, high = found["interval"]
+    # resampled medians of 3 runs are among the runs: the interval's ends are ratios of them
+    ratios = {e / r for e in EMBER[2] for r in RAW[2]}
+    assert low in ratios and high in ratios
+    assert low <= found["medians"] <= high and low < high
+    assert report["ratios"](data(), "mlp", "ember", 2)["interval"] == (low, high)  # seeded
+    text = run.render(data())
+    assert f"| {found['medians']:.3f} ({low:.3f}–{high:.3f}) |" in text
+    assert f"The ratio of medians there lies in {low:.3f}–{high:.3f} (95%)" in text
+    assert "1.03 is inside it, so this run cannot tell whether the target is met." in text
+
+
+def test_a_target_outside_the_interval_is_not_said_to_be_unresolved():
+    far = data()
+    for row in far["results"]:
+        if row["variant"] == "ember":
+            row["fit_s"] *= 1.5
+    text = run.render(far)
+    assert "target <= 1.03: no. The ratio of medians there lies in" in text
+    assert "cannot tell" not in text
