@@ -73,13 +73,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=8, help="processes of each order, per size")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--sizes", default="6400,60000", help="training samples (batches of 64)")
+    parser.add_argument("--sizes", default="6400,60000", help="training samples")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--samples", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child.split(","), args.threads, args.samples)
         return
+    from worker import BATCH_SIZE
+
     sizes = [int(size) for size in args.sizes.split(",")]
     print(
         f"MLP, {args.threads} torch thread(s), {VALID:,} validation samples; "
@@ -91,11 +93,12 @@ def main() -> None:
     for samples in sizes:
         found = measure(args.reps, args.threads, samples)
         first, second = (statistics.median(found[key]) for key in ("raw first", "ember first"))
-        batches = -(-samples // 64)
+        batches = -(-samples // BATCH_SIZE)
         costs[batches] = (first + second) / 2
         print(f"| {batches} | {first:+.1f} | {second:+.1f} | {costs[batches]:+.1f} |")
     if len(costs) >= 2:
-        (small, low), (large, high) = sorted(costs.items())[0], sorted(costs.items())[-1]
+        ordered = sorted(costs.items())
+        (small, low), (large, high) = ordered[0], ordered[-1]
         per_step = (high - low) / (large - small) * 1e3
         print(
             f"\nember's cost per step {per_step:.1f} µs; once per fit "
