@@ -72,13 +72,13 @@ def counted(monkeypatch):
         calls["general"] += 1
         return general(*args, **kwargs)
 
-    def run_steady(parts, state, batches, apply):
+    def run_steady(parts, state, batches, apply, count):
         def counted_batches():
             for batch in batches:
                 calls["steady"] += 1
                 yield batch
 
-        return steady(parts, state, counted_batches(), apply)
+        return steady(parts, state, counted_batches(), apply, count)
 
     monkeypatch.setattr(Stepper, "plain_step", run_plain_step)
     monkeypatch.setattr(Stepper, "step", run_step)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import signal
-from typing import Any, Sized
+from typing import Any, Callable, Sequence, Sized
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ember.data.batcher import Batcher, _BatcherCollate
+from ember.data.batcher import Batcher, as_collate
 from ember.data.sampler import ResumableSampler
 from ember.errors import ConfigError, DatasetError
 
@@ -21,12 +21,17 @@ def _ignore_sigint(worker_id: int) -> None:
 class DataLoaderBuilder:
     """Chained options, then `build(dataset)` returns a plain `torch.utils.data.DataLoader`.
 
+    `batcher` turns a list of dataset items into a batch: a `Batcher`, or any collate
+    function (a callable from the list to the batch); None: torch's default collation.
+
     Shuffling is seeded per epoch (see `ResumableSampler`); the loader gets its own
     random generator so building or iterating it never disturbs the global RNG.
     """
 
-    def __init__(self, batcher: Batcher[Any, Any] | None = None) -> None:
-        self._batcher = batcher
+    def __init__(
+        self, batcher: Batcher[Any, Any] | Callable[[Sequence[Any]], Any] | None = None
+    ) -> None:
+        self._collate = as_collate(batcher) if batcher is not None else None
         self._batch_size = 1
         self._seed: int | None = None
         self._num_workers = 0
@@ -120,7 +125,7 @@ class DataLoaderBuilder:
             batch_size=self._batch_size,
             sampler=ResumableSampler(dataset, self._seed),
             num_workers=workers,
-            collate_fn=_BatcherCollate(self._batcher) if self._batcher is not None else None,
+            collate_fn=self._collate,
             drop_last=self._drop_last,
             pin_memory=pin,
             generator=generator,

@@ -41,6 +41,7 @@ from ember.train.files.metric_files import (
     write_matrix,
 )
 from ember.train.fit.evaluation import evaluating, run_pass
+from ember.train.length.batches import BatchPlanner
 from ember.train.length.interrupter import Interrupter
 from ember.train.length.signals import signal_handlers
 from ember.train.logger.application import FileApplicationLogger
@@ -253,17 +254,19 @@ class Evaluator:
         (None when a stop came first), the items and the batches seen."""
         total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
         processor.start_split(SPLIT, 1, total)
+        planner = BatchPlanner(loader, name="evaluation", exact=False)
         with evaluating(self.model, torch.inference_mode, self._autocast, split=SPLIT):
             seen = run_pass(
                 step,
                 step_name,
-                loader,
+                planner.single_pass(),
                 processor,
                 SPLIT,
                 1,
                 self.device,
                 check=True,
                 stop=self.interrupter.should_stop,
+                count=planner.count,
             )
         if seen.stopped:
             return None, seen.items, seen.batches

@@ -58,6 +58,9 @@ class CheckpointPolicy:
         self.data: dict[str, Any] | None = None
         """What each checkpoint notes of the training data (`BatchPlanner.data_state`),
         for a mid-epoch resume to tell when the data changed."""
+        self.loader_state: Callable[[bool], Any] | None = None
+        """What each checkpoint notes of the training loader's position and random
+        states, per process (`BatchPlanner.loader_state`; True: at an epoch's end)."""
 
     # Resuming -----------------------------------------------------------------------
     def resume_point(self) -> Resume:
@@ -88,11 +91,7 @@ class CheckpointPolicy:
         self._load_weights(saved_epoch, model, optimizer, dist, learner.get("shards"))
         callback_notes = optim.load_state_dict(state) or []
         saved = _settings(optimizer, optim.lr.scheduler)
-        ranks = learner.get("rng_ranks")
-        if dist is not None and ranks is not None and len(ranks) == dist.world:
-            restore_rng_state(ranks[dist.rank])
-        else:
-            restore_rng_state(learner["rng"])
+        restore_rng_state(self.saved_rng(resume, dist))
         where = f"epoch {saved_epoch}" + (
             "" if resume.position.iteration == 0 else f", iteration {resume.position.iteration}"
         )
@@ -117,6 +116,15 @@ class CheckpointPolicy:
                 )
         return notes
 
+    def saved_rng(self, resume: Resume, dist: Any) -> dict[str, Any]:
+        """This process's random states in the resumed checkpoint (with what it noted
+        of the training loader, under "loader")."""
+        learner = resume.state["learner"] if resume.state is not None else {}
+        ranks = learner.get("rng_ranks")
+        if dist is not None and ranks is not None and len(ranks) == dist.world:
+            return ranks[dist.rank]  # type: ignore[no-any-return]
+        return learner.get("rng", {})  # type: ignore[no-any-return]
+
     # Saving -------------------------------------------------------------------------
     def save(
         self,
@@ -138,6 +146,10 @@ class CheckpointPolicy:
         if self.checkpointer is None:
             return
         rng = capture_rng_state()
+        if self.loader_state is not None:
+            loader = self.loader_state(position.complete)
+            if loader is not None:
+                rng["loader"] = loader
         learner: dict[str, Any] = {
             **position.state(),
             "rng": rng,

@@ -74,6 +74,7 @@ def valid_epoch(parts: FitParts, state: FitState) -> dict[str, float]:
                 epoch,
                 parts.device,
                 each=each,
+                count=plan.count,
             )
         values = end_split(parts, "valid", epoch)
         events.values({"valid": values})

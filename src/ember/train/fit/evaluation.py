@@ -17,7 +17,8 @@ import torch
 from ember.data.device import to_device
 from ember.errors import TrainingError
 from ember.rng import capture_rng_state, restore_rng_state
-from ember.train.length.batches import StandIn, batch_size
+from ember.train.length.batches import StandIn
+from ember.train.length.loader_view import own_count
 from ember.train.processor import MetricsProcessor
 from ember.train.step import call_step, start_split
 
@@ -69,11 +70,13 @@ def run_pass(
     only_check: bool = False,
     each: Callable[[int, Any], None] | None = None,
     stop: Callable[[], bool] | None = None,
+    count: Callable[[Any], int] = own_count,
 ) -> Pass:
     """Run `step` on every batch (moved to `device`) and update the metrics with its
     output (a stand-in's is not counted); `check`: the first output is checked
     against the metrics first (with `only_check`, that is all: one batch, no update);
-    `each` is told of every batch (its number and output); `stop` is asked after each."""
+    `each` is told of every batch (its number and output); `stop` is asked after each;
+    `count` gives each batch's items (the loader's count, `EpochPlan.count`)."""
     move = device.type != "cpu"
     seen = Pass()
     for iteration, batch in enumerate(batches, start=1):
@@ -90,7 +93,7 @@ def run_pass(
             if only_check:
                 seen.batches = 1
                 break
-        size = batch_size(batch)
+        size = count(batch)
         processor.update(item, iteration, size, None)
         seen.items, seen.batches = seen.items + size, iteration
         if each is not None:

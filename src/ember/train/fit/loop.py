@@ -90,7 +90,7 @@ class TrainLoop:
         with ranks.join() if ranks is not None else join(parts.wrapped):  # collective at exit
             while not stop:
                 if steady and stepper.run == stepper.plain_step:  # the rest in one loop
-                    stop = steady_steps(parts, state, batches, stepper.apply)
+                    stop = steady_steps(parts, state, batches, stepper.apply, plan.count)
                     break
                 step = next(steps, None)
                 if step is None:

@@ -141,6 +141,7 @@ class ValidationPoints:
                     "valid",
                     epoch,
                     device,
+                    count=plan.count,
                 )
             values = processor.end_split(dist)
         finally:

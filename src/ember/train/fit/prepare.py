@@ -68,13 +68,15 @@ def prepare(
     stand_ins = options.fsdp is not None  # every forward gathers from every process
     train_plan = BatchPlanner(train, options.grads_accumulation, shard, train_limit, stand_ins)
     train_plan.check_limit("training", "train")
+    train_plan.count.needs = count_needs(kit)
     valid_plan = None
     if valid is not None:
-        valid_plan = BatchPlanner(valid, 1, shard, valid_limit, stand_ins)
+        valid_plan = BatchPlanner(valid, 1, shard, valid_limit, stand_ins, "validation", False)
         valid_plan.check_limit("validation", "valid")
     kit.length.counters = resume.position.counters
     notes = [*optim.notes, *count_steps(kit, state, train_plan, resume.position)]
     kit.checkpoints.data = train_plan.data_state()
+    kit.checkpoints.loader_state = train_plan.loader_state
     if resume.state is not None and resume.position.iteration:  # resumed inside an epoch
         where = f"epoch {resume.position.epoch}, iteration {resume.position.iteration}"
         changed = train_plan.data_changes(resume.state["learner"].get("data"), where)
@@ -88,6 +90,9 @@ def prepare(
         if optim.micro_split is not None:  # grads_accumulation("auto")
             ranks = RankSplit(dist, model)
     notes += [*resume.notes, *kit.checkpoints.restore(resume, model, optim, dist)]
+    if resume.state is not None:
+        saved_rng = kit.checkpoints.saved_rng(resume, dist)
+        train_plan.resume(saved_rng.get("loader"), saved_rng.get("torch"), resume.position)
     app_log = FileApplicationLogger(kit.artifacts.experiment_log)
     if options.application_log and main:
         app_log.check()
@@ -220,6 +225,20 @@ def commit(parts: FitParts) -> None:
     if not start.fresh:
         parts.artifacts.prepare(start.kept_epochs(), overwrite=False)
     record_start(parts.artifacts, start.epoch, parts.options.hparams, parts.records)
+
+
+def count_needs(kit: Lasting) -> str | None:
+    """What of the run cannot go on without the items of each training batch counted."""
+    train_for = kit.length.train_for
+    if train_for is not None and train_for.unit == "samples":
+        return f"train_for({str(train_for)!r})"
+    accumulation = kit.options.grads_accumulation
+    if accumulation != 1:
+        return (
+            f"grads_accumulation({accumulation!r}), which weights each batch by its share "
+            "of the step's items,"
+        )
+    return None
 
 
 def count_steps(kit: Lasting, state: FitState, train: BatchPlanner, start: Position) -> list[str]:

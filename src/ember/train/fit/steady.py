@@ -9,21 +9,27 @@ model is a few hundred microseconds, and each Python call of the loop's own show
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ember.data.device import to_device
 from ember.train.fit.parts import FitParts
 from ember.train.fit.state import FitState
-from ember.train.length.batches import batch_size
 from ember.train.length.duration import Counters
 from ember.train.optimization import explain_backward
 from ember.train.step import note_step_error
 
 
-def steady_steps(parts: FitParts, state: FitState, batches: Iterator[Any], apply: Any) -> bool:
+def steady_steps(
+    parts: FitParts,
+    state: FitState,
+    batches: Iterator[Any],
+    apply: Any,
+    count: Callable[[Any], int],
+) -> bool:
     """Train on every batch of `batches` (one optimizer step each, after
     `state.iteration`); True when a stop request ended them early. `apply`: the
-    stepper's `apply`, for a step whose loss was not finite (skipped, or stopped)."""
+    stepper's `apply`, for a step whose loss was not finite (skipped, or stopped);
+    `count`: each batch's items (`EpochPlan.count`)."""
     optim, guard, processor, length = parts.optim, parts.guard, parts.processor, parts.length
     optimizer, lr, update = optim.optimizer, optim.lr, processor.update
     bare = optim.bare
@@ -39,7 +45,7 @@ def steady_steps(parts: FitParts, state: FitState, batches: Iterator[Any], apply
     try:
         for batch in batches:
             iteration += 1
-            size = batch_size(batch)
+            size = count(batch)
             items += size
             state.iteration, state.items = iteration, items
             rate = lr.before_step()

@@ -13,12 +13,20 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
+import torch
 from torch import Tensor
 
-from ember.data.device import first_dim
 from ember.errors import ConfigError, TrainingError
+from ember.train.length.loader_view import (
+    Count,
+    TorchLoaderView,
+    arithmetic_sizes,
+    is_indexed,
+    is_stateful,
+    own_count,
+)
 from ember.train.length.position import Position
 
 log = logging.getLogger(__name__)
@@ -33,17 +41,8 @@ def find_sampler(loader: Any) -> Any:
     return None
 
 
-def batch_size(batch: Any) -> int:
-    """The number of items in a batch: its `num_items` when it says (an int, e.g. B
-    for a [T, B] sequence batch), else the first dimension of its first tensor (0 when
-    it cannot be told)."""
-    head = batch[0] if type(batch) in (tuple, list) and batch else None
-    if type(head) is Tensor and head.dim() > 0:  # the common case, read once per step
-        return int(head.shape[0])
-    told = getattr(batch, "num_items", None)
-    if isinstance(told, int) and not isinstance(told, bool):
-        return told
-    return first_dim(batch) or 0
+batch_size = own_count
+"""The items a batch says it holds (`own_count`), for batches that come from no loader."""
 
 
 class Step(NamedTuple):
@@ -110,22 +109,24 @@ class EpochPlan:
 
     def __init__(
         self,
-        loader: Iterable[Any],
+        opened: Callable[[], Iterator[Any]],
         accumulation: int,
         start: Position,
         total: int | None,
-        drop: int,
+        count: Callable[[Any], int],
         shards: ShardPlan | None,
         world: int,
         limit: int | None = None,
         longest: int | None = None,
     ) -> None:
-        self.loader = loader
+        self._opened = opened
+        """The epoch's batches from where a resumed run stands."""
+        self.count = count
+        """The items of each batch, in the order they come (the loader's count)."""
         self.accumulation = accumulation
         self.start = start
         self.total = total
         """Batches in the epoch, those done before a resume included (None: unknown)."""
-        self._drop = drop
         self._shards = shards
         self._world = world
         self._limit = limit
@@ -136,9 +137,7 @@ class EpochPlan:
     def batches(self) -> Iterator[Any]:
         """The epoch's batches from where a resumed run stands, up to the batch limit
         (then stand-ins, up to the batches of the process with the most)."""
-        batches = iter(self.loader)
-        for _ in itertools.islice(batches, self._drop):
-            pass  # a resumed run whose sampler cannot skip: read and drop
+        batches = self._opened()
         if self._limit is not None:
             batches = itertools.islice(batches, max(0, self._limit - self.start.iteration))
         if self._longest is not None:
@@ -174,9 +173,9 @@ class EpochPlan:
         done = 0  # batches of this run so far
         shards, world = self._shards, self._world
         if self.accumulation == 1 and shards is None:  # a step per batch, weighing all of it
-            first, shares = self.start.iteration + 1, [float(world)]
+            first, shares, count = self.start.iteration + 1, [float(world)], self.count
             for done, batch in enumerate(batches):
-                sizes = [batch_size(batch)]  # the samples of the batch, and of the step's count
+                sizes = [count(batch)]  # the samples of the batch, and of the step's count
                 yield tuple.__new__(Step, ([batch], first + done, sizes, shares, sizes, True, None))
             return
         # with stand-ins, a stop is agreed on only while every process has a batch of its
@@ -188,7 +187,7 @@ class EpochPlan:
             group = list(itertools.islice(batches, self.accumulation))
             if not group:
                 return
-            sizes = [0 if type(batch) is StandIn else batch_size(batch) for batch in group]
+            sizes = [0 if type(batch) is StandIn else self.count(batch) for batch in group]
             if shards is None:
                 total = sum(sizes) or len(group)
                 items = sizes
@@ -216,8 +215,23 @@ class BatchPlanner:
         shard: tuple[int, int] | None = None,
         limit: int | float | None = None,
         stand_ins: bool = False,
+        name: str = "training",
+        exact: bool = True,
     ) -> None:
         self.loader = loader
+        self.name = name
+        self.view = (
+            TorchLoaderView(loader, exact)  # type: ignore[arg-type]
+            if is_indexed(loader) and not is_stateful(loader)
+            else None
+        )
+        """The loader read through a copy that counts and skips by indices (torch's)."""
+        self.count = Count(self.view.sizes if self.view is not None else None, name)
+        """The items of each batch, in the order they come."""
+        self._stateful: Any = None
+        """A stateful loader's state to resume the next epoch from (`resume`)."""
+        self._after: Tensor | None = None
+        """torch's random state a resumed epoch goes on from once positioned."""
         self.accumulation = accumulation
         self.shard = shard
         self.stand_ins = stand_ins
@@ -262,6 +276,25 @@ class BatchPlanner:
             "samples": _sized(getattr(self.loader, "dataset", None)),
             "seed": seed if type(seed) is int else None,
         }
+
+    def loader_state(self, complete: bool) -> dict[str, Any] | None:
+        """What a checkpoint notes of the loader's position and random states (at an
+        epoch's end when `complete`); None when it needs nothing."""
+        if self.view is not None:
+            return {"view": self.view.state(complete)}
+        if not complete and is_stateful(self.loader):
+            return {"stateful": self.loader.state_dict()}  # type: ignore[attr-defined]
+        return None
+
+    def resume(self, saved: Any, torch_state: Tensor | None, start: Position) -> None:
+        """The first epoch planned resumes from a checkpoint: `saved` is what it noted of
+        the loader (`loader_state`), `torch_state` its torch random state."""
+        saved = saved if isinstance(saved, dict) else {}
+        if self.view is not None:
+            self.view.resume(saved.get("view"), start.epoch)
+        elif start.iteration and "stateful" in saved:
+            self._stateful = saved["stateful"]
+        self._after = torch_state if start.iteration else None
 
     def data_changes(self, saved: Any, where: str) -> str | None:
         """A warning when this loader's data is not the data a mid-epoch checkpoint
@@ -373,6 +406,16 @@ class BatchPlanner:
             for first in range(0, batches, self.accumulation)
         ]
 
+    def single_pass(self) -> Iterator[Any]:
+        """The loader's batches once, as it is (no epoch set: an evaluation), counted by
+        `count`."""
+        if self.view is not None:
+            return self.view.batches(0, 0, None)
+        sizes = arithmetic_sizes(self.loader, 0)
+        if sizes is not None:
+            self.count.sizes = sizes.__next__
+        return iter(self.loader)
+
     def epoch(self, epoch: int, start: Position | None = None) -> EpochPlan:
         """Set the sampler up for `epoch` (from `start` when resuming mid-epoch)."""
         start = start if start is not None and start.epoch == epoch else Position(epoch)
@@ -389,15 +432,10 @@ class BatchPlanner:
                 skipped = True
             if self.shard is not None:
                 sampler.shard(*self.shard)
-        if start.items and not skipped:
-            log.warning(
-                "The data loader's sampler cannot skip samples: resuming by reading and "
-                "dropping the batches already seen this epoch (build loaders with "
-                "DataLoaderBuilder to avoid it)."
-            )
         total = self._length()
         if total is not None and skipped:
             total += start.iteration
+        opened, count = self._opening(epoch, start)
         if limit is not None:  # a loader without length counts as long as the limit
             total = limit if total is None else min(total, limit)
         shards = None
@@ -415,10 +453,53 @@ class BatchPlanner:
             if limit is not None:
                 longest = min(longest, limit - start.iteration)
         world = self.shard[1] if self.shard is not None else 1
-        drop = 0 if skipped else start.iteration
         return EpochPlan(
-            self.loader, self.accumulation, start, total, drop, shards, world, limit, longest
+            opened, self.accumulation, start, total, count, shards, world, limit, longest
         )
+
+    def _opening(
+        self, epoch: int, start: Position
+    ) -> tuple[Callable[[], Iterator[Any]], Callable[[Any], int]]:
+        """How `epoch`'s batches are opened from `start`, and counted."""
+        loader, skip, view, count = self.loader, start.iteration, self.view, self.count
+        after, self._after = self._after, None
+        if view is not None:  # skips the indices of the batches already trained
+            return (lambda: view.batches(epoch, skip, after)), count
+        stateful, self._stateful = self._stateful, None
+        if stateful is not None:  # the loader's own position
+            loader.load_state_dict(stateful)  # type: ignore[attr-defined]
+            skip = 0
+        else:
+            after = None
+        sizes = arithmetic_sizes(loader, start.iteration)
+        if sizes is not None:
+            count.sizes = sizes.__next__
+        if skip:
+            log.warning(
+                "Resuming inside epoch %d: the %s loader (a %s) cannot skip to where the "
+                "epoch stopped, so its %d batch(es) already trained are read again and "
+                "dropped. The rest of the epoch is the one the run was in only if the loader "
+                "yields the same batches in the same order and draws no random numbers "
+                "(shuffling, augmentation); otherwise some samples are trained twice and "
+                "others not at all. For an exact resume use a torch DataLoader over a "
+                "map-style dataset, a loader with state_dict()/load_state_dict() "
+                "(torchdata's StatefulDataLoader), or resume from a checkpoint at an "
+                "epoch's end.",
+                epoch,
+                self.name,
+                type(loader).__name__,
+                skip,
+            )
+
+        def opened() -> Iterator[Any]:
+            batches = iter(loader)
+            if after is not None:  # what starting its iterator drew is drawn again
+                torch.set_rng_state(after.cpu().to(torch.uint8))
+            for _ in itertools.islice(batches, skip):
+                pass
+            return batches
+
+        return opened, count
 
 
 def _sized(value: Any) -> int | None:
