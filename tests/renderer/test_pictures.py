@@ -200,8 +200,8 @@ def test_the_range_test_shows_its_lowest_loss_and_marks_the_suggestion(pictures)
         ]
         assert len(rules) == 2
     legend_text = " ".join(t.get_text() for t in legends(loss_axes)[0].get_texts())
-    assert "suggestion " in legend_text and "(half the edge)" in legend_text
-    assert "edge of stability " in legend_text
+    assert "suggestion " in legend_text and "x largest stable rate)" in legend_text
+    assert "largest stable rate " in legend_text and "steps stop gaining " in legend_text
 
 
 @pytest.mark.parametrize("count", [10, 30])

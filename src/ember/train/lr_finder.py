@@ -1,25 +1,27 @@
 """The learning-rate range test: `learner.lr_find(train)` (or `lr_find(learner, train)`).
 
-The model trains on one mini-batch after another while the learning rate rises from
-`start` to `end` (exponentially, or linearly), one rate per optimizer step. The loss is
-smoothed (an exponential moving average with bias correction); the test stops early
-when the smoothed loss exceeds `diverge` times its lowest value (or a loss is not
-finite).
+The suggestion comes from the loss's curvature where the model stands: the largest
+eigenvalue of the Hessian of the mean loss over the first few training batches (by
+Lanczos iteration on Hessian-vector products, preconditioned as Adam preconditions its
+steps; `ember.train.curvature`), turned into the optimizer's largest stable rate (plain
+SGD on a quadratic is stable below 2 / lambda) and suggested at `SAFETY` times it: a
+rate within 2x below the largest stable one. A rising-rate curve cannot tell this
+limit: while the rate rises, the steep directions converge before the rate passes
+their limit, and the curve turns up only 1.3 to 4 times past it.
 
-The suggestion reads how well each step does on the batch it was computed on: after
-the step, the same batch goes through the model again (without gradients, with the
-same random numbers, so dropout draws the same masks), and the step's `ratio` is the
-loss it removed over the loss its gradient promised to remove (the first-order
-prediction, the gradient dotted with the step). For plain SGD on a quadratic the ratio
-is 1 - rate * k / 2 along the step (k: the curvature along it): 1 for tiny rates, 0.5
-at the best rate along the step, 0 at the largest stable rate 2 / k, below 0 past it.
-The `edge` is the first rate at which the steps stop lowering their own batch's loss
-(the median of a step's ratio and its two neighbours' is 0 or below), or where the
-test stopped at divergence; the suggestion is half the edge: the rate that is best
-along the steps, half the largest stable rate. With momentum or an adaptive optimizer
-(Adam) the step is shaped by the optimizer's state, and the suggestion is a rate to
-start from. A test whose rates never reach the edge (an `end` too low) suggests the
-rate where the smoothed loss falls fastest before its lowest point instead.
+The curve is drawn all the same: the model trains on one mini-batch after another
+while the learning rate rises from `start` to `end` (exponentially, or linearly), one
+rate per optimizer step. The smoothed loss is a centred weighted median (weights
+`smoothing ** distance`), which follows the raw loss without lag and ignores one
+batch's spike; the test stops early when the running (one-sided) median exceeds
+`diverge` times its lowest value, or a loss is not finite. Each step's `ratio` is the
+loss it removed from its own batch (the batch again after the step, with the same
+random numbers) over the loss its gradient promised to remove; the `edge` is the first
+rate at which the steps stop lowering their own batch's loss (the median of three
+neighbouring ratios is 0 or below). Where no curvature can be measured (an optimizer
+without a stability rule, a model without second derivatives) the suggestion is half
+that edge, or without an edge the steepest fall of the smoothed loss, and the result's
+`notes` say so, as they say when the rates stop below the largest stable rate.
 
 Afterwards the model's weights and buffers, the optimizer's state and rates, the
 gradient scaler, the gradients, the model's mode and every random generator are put
@@ -30,6 +32,7 @@ The curve is written to `ARTIFACT_DIR/lr-find.json`, which `ember plot` draws.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import os
@@ -44,28 +47,40 @@ from ember.data.device import describe, to_device
 from ember.durable import atomic_write_bytes
 from ember.errors import ConfigError, EmberError, TrainingError
 from ember.rng import capture_rng_state, restore_rng_state
+from ember.train.curvature import StabilityRule, curvature, stability_rule
 from ember.train.files.artifacts import Artifacts
 from ember.train.optimization import Optimization
 from ember.train.step import check_steps, check_train_output
 
 FORMAT = "ember-lr-find"
-VERSION = 2
-"""Version 2 adds each step's `ratios` and the `edge`; version 1 files still load."""
+VERSION = 3
+"""Version 2 added each step's `ratios` and the `edge`, version 3 the `curvature`, the
+`limit`, the `rule` and the `notes`; versions 1 and 2 still load."""
+
+SAFETY = 0.7
+"""The suggestion is this share of the largest stable rate the curvature gives: below
+it where the curvature is measured a little low (a few Lanczos steps, a few batches),
+and within 2x of it where the curvature is measured a little high."""
+
+CURVATURE_RULE = "curvature"
+EDGE_RULE = "half the edge"
+FALL_RULE = "steepest fall"
 
 
 @dataclass
 class LrFinderResult:
-    """The range test's curve: one learning rate and loss per optimizer step taken."""
+    """The range test's curve: one learning rate and loss per optimizer step taken, and
+    the suggestion with what it was read from."""
 
     lrs: list[float]
     losses: list[float]
     """The loss of each step's mini-batch, as computed."""
     smoothed: list[float]
-    """The losses smoothed (exponential moving average, bias-corrected)."""
+    """The losses smoothed: a centred weighted median (weights `smoothing ** distance`)."""
     suggestion: float | None
-    """Half the `edge` (see the module's text): the rate that is best along the steps,
-    about half the largest stable rate; without an edge, the rate where the smoothed
-    loss falls fastest; None when the curve is too short."""
+    """`SAFETY` times the largest stable rate (`limit`, from the curvature); without a
+    measured curvature, half the `edge`, or the rate where the smoothed loss falls
+    fastest; None when nothing can be read (`notes` says why)."""
     mode: str = "exp"
     diverged: bool = False
     """The test stopped early: the smoothed loss rose past `diverge` times its lowest."""
@@ -76,7 +91,27 @@ class LrFinderResult:
     promised to remove (NaN where that promise is too small to measure)."""
     edge: float | None = None
     """The first rate at which the steps stop lowering their own batch's loss (or the
-    test diverged); None when the rates never got there."""
+    test diverged); None when the rates never got there. Often 1.3 to 4 times the
+    largest stable rate: the steep directions have converged before it."""
+    curvature: float | None = None
+    """The largest eigenvalue of the loss's Hessian at the model's parameters (of the
+    Hessian preconditioned by the second moments, for Adam); None when not measured."""
+    limit: float | None = None
+    """The largest stable rate the curvature gives for the optimizer (2 / `curvature`
+    for plain SGD); None when not measured."""
+    rule: str | None = None
+    """What the suggestion was read from: "curvature", "half the edge", "steepest fall"."""
+    notes: list[str] = field(default_factory=list)
+    """What the user should know: the rates stopped below the `limit`, no curvature
+    could be measured, and why."""
+
+    @property
+    def reached(self) -> bool:
+        """The rates went past the largest stable rate (the `limit`, else the `edge`):
+        the curve shows where training stops being stable."""
+        if self.limit is not None:
+            return bool(self.lrs) and self.lrs[-1] >= self.limit
+        return self.edge is not None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,8 +123,12 @@ class LrFinderResult:
             "smoothed": [_number(v) for v in self.smoothed],
             "ratios": [_number(v) for v in self.ratios],
             "edge": self.edge,
+            "curvature": self.curvature,
+            "limit": self.limit,
+            "rule": self.rule,
             "suggestion": self.suggestion,
             "diverged": self.diverged,
+            "notes": self.notes,
         }
 
     @classmethod
@@ -102,21 +141,34 @@ class LrFinderResult:
             raise EmberError(f"{file} is not a readable learning-rate test: {error}.") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise EmberError(f"{file} is not an ember learning-rate test (no format {FORMAT!r}).")
-        if data.get("version") not in (1, VERSION):
+        if data.get("version") not in (1, 2, VERSION):
             raise EmberError(
-                f"{file} has version {data.get('version')!r}; this ember reads 1 and {VERSION}."
+                f"{file} has version {data.get('version')!r}; this ember reads 1 to {VERSION}."
             )
+        suggestion = _optional(data.get("suggestion"))
+        edge = _optional(data.get("edge"))
+        rule = data.get("rule")
+        if rule is None and suggestion is not None:  # versions 1 and 2: read from the curve
+            rule = EDGE_RULE if edge is not None else FALL_RULE
         return cls(
             [float(v) for v in data["lrs"]],
             [float(v) for v in data["losses"]],
             [float(v) for v in data["smoothed"]],
-            None if data.get("suggestion") is None else float(data["suggestion"]),
+            suggestion,
             str(data.get("mode", "exp")),
             bool(data.get("diverged", False)),
             file,
             [float(v) for v in data.get("ratios", [])],
-            None if data.get("edge") is None else float(data["edge"]),
+            edge,
+            _optional(data.get("curvature")),
+            _optional(data.get("limit")),
+            None if rule is None else str(rule),
+            [str(v) for v in data.get("notes", [])],
         )
+
+
+def _optional(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _number(value: float) -> float | str:
@@ -151,15 +203,60 @@ def suggest(
     ratios: Sequence[float] = (),
     diverged: bool = False,
 ) -> float | None:
-    """Half the rate at the edge of stability (`stability_edge` of the steps' `ratios`,
-    else the last rate of a test that `diverged`); without an edge, the rate of the
-    steepest fall of the smoothed loss before its lowest point (`steepest_fall`)."""
+    """The suggestion read from the curve alone, where no curvature is measured: half
+    the rate at the edge (`stability_edge` of the steps' `ratios`, else the last rate
+    of a test that `diverged`); without an edge, the rate of the steepest fall of the
+    smoothed loss before its lowest point (`steepest_fall`). Often past the largest
+    stable rate: the edge lies 1.3 to 4 times beyond it."""
     edge = stability_edge(lrs, ratios)
     if edge is None and diverged and lrs:
         edge = lrs[-1]
     if edge is not None:
         return edge / 2
     return steepest_fall(lrs, smoothed, mode)
+
+
+def smooth(losses: Sequence[float], factor: float) -> list[float]:
+    """Each loss replaced by the weighted median of the finite losses around it, with
+    weights `factor ** distance`, as far on each side (fewer near the ends): centred, so
+    it follows the losses without lag, and a median, so one batch's spike does not move
+    it (NaN where the loss is not finite)."""
+    reach, last = _reach(factor), len(losses) - 1
+    smoothed = []
+    for index, value in enumerate(losses):
+        side = min(reach, index, last - index)  # as far each way: no lag at the ends
+        median = _weighted_median(losses, index, index - side, index + side + 1, factor)
+        smoothed.append(median if math.isfinite(value) else math.nan)
+    return smoothed
+
+
+def running_median(losses: Sequence[float], factor: float) -> float:
+    """The weighted median of the losses up to the last (weights `factor ** age`): the
+    one-sided smoothing that decides, while the test runs, whether it diverged."""
+    last = len(losses) - 1
+    return _weighted_median(losses, last, max(0, last - _reach(factor)), last + 1, factor)
+
+
+def _reach(factor: float) -> int:
+    """How far the weights reach before they fall below a thousandth."""
+    return 0 if factor <= 0 else math.ceil(math.log(1e-3) / math.log(factor))
+
+
+def _weighted_median(
+    values: Sequence[float], centre: int, low: int, high: int, factor: float
+) -> float:
+    pairs = sorted(
+        (v, factor ** abs(i - centre) if factor > 0 else float(i == centre))
+        for i, v in enumerate(values[low:high], start=low)
+        if math.isfinite(v)
+    )
+    half = sum(w for _, w in pairs) / 2
+    total = 0.0
+    for value, weight in pairs:
+        total += weight
+        if total >= half:
+            return value
+    return math.nan
 
 
 def steepest_fall(lrs: list[float], smoothed: list[float], mode: str) -> float | None:
@@ -187,7 +284,9 @@ def steepest_fall(lrs: list[float], smoothed: list[float], mode: str) -> float |
     return None if best is None else lrs[curve[best[1]]]
 
 
-def _check(start: Any, end: Any, steps: Any, mode: Any, smoothing: Any, diverge: Any) -> None:
+def _check(
+    start: Any, end: Any, steps: Any, mode: Any, smoothing: Any, diverge: Any, batches: Any
+) -> None:
     for name, value in (("start", start), ("end", end)):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
             raise ConfigError(f"lr_find({name}=...) must be a learning rate > 0, got {value!r}.")
@@ -201,17 +300,41 @@ def _check(start: Any, end: Any, steps: Any, mode: Any, smoothing: Any, diverge:
         raise ConfigError(f"lr_find(smoothing=...) must be in [0, 1), got {smoothing!r}.")
     if not isinstance(diverge, (int, float)) or not diverge > 1:
         raise ConfigError(f"lr_find(diverge=...) must be a factor > 1, got {diverge!r}.")
+    if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0:
+        raise ConfigError(
+            f"lr_find(curvature_batches=...) must be an int >= 0 (0: no curvature, the "
+            f"suggestion is read from the curve), got {batches!r}."
+        )
 
 
-def _batches(loader: Iterable[Any]) -> Iterator[Any]:
-    """The loader's batches, read again from its start when it runs out."""
+def _batches(loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+    """The loader's batches with the pass they come from (0, 1, ...): the loader is
+    read again from its start when it runs out."""
+    passes = 0
     while True:
         empty = True
         for batch in loader:
             empty = False
-            yield batch
+            yield passes, batch
         if empty or iter(loader) is loader:  # an empty loader, or a one-pass iterator
             return
+        passes += 1
+
+
+def _first_pass(stream: Iterator[tuple[int, Any]], count: int) -> tuple[list[Any], list[Any]]:
+    """Up to `count` batches of the loader's first pass, and the batch of the next pass
+    read to find that the first had ended (none, or one)."""
+    sample: list[Any] = []
+    over: list[Any] = []
+    while len(sample) < count:
+        item = next(stream, None)
+        if item is None:
+            break
+        if item[0] > 0:
+            over.append(item[1])
+            break
+        sample.append(item[1])
+    return sample, over
 
 
 def lr_find(
@@ -222,11 +345,14 @@ def lr_find(
     end: float = 10.0,
     steps: int = 100,
     mode: str = "exp",
-    smoothing: float = 0.98,
+    smoothing: float = 0.8,
     diverge: float = 4.0,
+    curvature_batches: int = 8,
 ) -> LrFinderResult:
     """Run the range test with `learner`'s model, optimizer, device, mixed precision
-    and clipping on `train`; put everything back; write `lr-find.json`; return the curve."""
+    and clipping on `train`, the curvature on its first `curvature_batches` batches
+    (0: none, the suggestion is read from the curve); put everything back; write
+    `lr-find.json`; return the curve and the suggestion."""
     return range_test(
         learner.model,
         learner.optim,
@@ -240,6 +366,7 @@ def lr_find(
         mode=mode,
         smoothing=smoothing,
         diverge=diverge,
+        curvature_batches=curvature_batches,
     )
 
 
@@ -257,11 +384,12 @@ def range_test(
     mode: str,
     smoothing: float,
     diverge: float,
+    curvature_batches: int = 8,
 ) -> LrFinderResult:
     """`lr_find` on its parts: `model` (with its `train_step`) trains on `train` on
     `device` through `optim` (its optimizer, mixed precision and clipping); `devices`
     are the run's devices (one at most); the curve is written to `artifact_dir`."""
-    _check(start, end, steps, mode, smoothing, diverge)
+    _check(start, end, steps, mode, smoothing, diverge, curvature_batches)
     if devices is not None and len(devices) > 1:
         raise ConfigError(
             "lr_find runs in this process, on one device: build a learner with one device "
@@ -269,16 +397,29 @@ def range_test(
         )
     optimizer = optim.optimizer
     check_steps(model)
+    rule = stability_rule(optimizer) if curvature_batches else None
+    notes: list[str] = []
+    if curvature_batches and rule is None:
+        notes.append(
+            f"ember has no stability rule for {type(optimizer).__name__} (it has for SGD, "
+            "Adam and AdamW): the suggestion is read from the curve, a rate to start "
+            "from, not checked against the largest stable rate."
+        )
     saved = _Saved(model, optim)
     lrs: list[float] = []
     losses: list[float] = []
-    smoothed: list[float] = []
     ratios: list[float] = []
     diverged = False
+    measured: float | None = None
     try:
-        average, best = 0.0, math.inf
         model.train()
-        batches = _batches(train)
+        stream = _batches(train)
+        sample, over = _first_pass(stream, curvature_batches if rule is not None else 0)
+        if rule is not None and sample:
+            measured = _curvature(model, optim, device, sample, rule, notes)
+        batches = itertools.chain(sample, over, (batch for _, batch in stream))
+        del sample, over
+        best = math.inf
         for index, lr in enumerate(rates(float(start), float(end), steps, mode)):
             batch = next(batches, None)
             if batch is None:
@@ -286,12 +427,10 @@ def range_test(
             for group in optimizer.param_groups:
                 group["lr"] = lr
             value, ratio = _step(model, optim, device, batch, index)
-            average = smoothing * average + (1 - smoothing) * value
-            current = average / (1 - smoothing ** (index + 1)) if smoothing else value
             lrs.append(lr)
             losses.append(value)
             ratios.append(ratio)
-            smoothed.append(current if math.isfinite(value) else math.nan)
+            current = running_median(losses, smoothing)
             if not math.isfinite(value) or (index > 0 and current > diverge * best):
                 diverged = True
                 break
@@ -300,13 +439,105 @@ def range_test(
         saved.restore(model, optim)
     if not lrs:
         raise TrainingError("lr_find: the training data loader yielded no batch.")
+    smoothed = smooth(losses, smoothing)
     edge = stability_edge(lrs, ratios) or (lrs[-1] if diverged else None)
-    suggestion = suggest(lrs, smoothed, mode, ratios, diverged)
+    limit = None if rule is None or measured is None else rule.limit(measured)
+    if rule is not None and measured is not None and limit is None:
+        notes.append(
+            f"the loss curves nowhere upward here (largest Hessian eigenvalue {measured:.4g}):"
+            " no rate is unstable for a quadratic; the suggestion is read from the curve."
+        )
+    if limit is not None:
+        suggestion: float | None = SAFETY * limit
+        how: str | None = CURVATURE_RULE
+        if lrs[-1] < limit and diverged:
+            suggestion = SAFETY * lrs[-1]
+            notes.append(
+                f"the curve diverged at {lrs[-1]:.4g}, below the largest stable rate "
+                f"{limit:.4g} the curvature gives where the model started: the suggestion "
+                f"is {SAFETY:g} times the rate it diverged at instead, a rate to start from."
+            )
+        elif lrs[-1] < limit:
+            notes.append(
+                f"the rates stopped at {lrs[-1]:.4g}, below the largest stable rate "
+                f"{limit:.4g}: the curve does not reach the edge (raise `end` to see it); "
+                "the suggestion comes from the curvature."
+            )
+    else:
+        suggestion = suggest(lrs, smoothed, mode, ratios, diverged)
+        how = None if suggestion is None else EDGE_RULE if edge is not None else FALL_RULE
+        if how == FALL_RULE:
+            notes.append(
+                f"the rates stopped at {lrs[-1]:.4g}, before the steps stopped lowering the "
+                "loss: the curve does not reach the edge (raise `end`); the suggestion is "
+                "the steepest fall of the smoothed loss, well below the edge."
+            )
     result = LrFinderResult(
-        lrs, losses, smoothed, suggestion, mode, diverged, ratios=ratios, edge=edge
+        lrs,
+        losses,
+        smoothed,
+        suggestion,
+        mode,
+        diverged,
+        ratios=ratios,
+        edge=edge,
+        curvature=measured,
+        limit=limit,
+        rule=how,
+        notes=notes,
     )
     result.path = _write(Artifacts(artifact_dir), result)
     return result
+
+
+def _curvature(
+    model: Any,
+    optim: Optimization,
+    device: torch.device,
+    sample: list[Any],
+    rule: StabilityRule,
+    notes: list[str],
+) -> float | None:
+    """`curvature` of the model's loss on `sample` (the loader's first batches); None,
+    with a note, where it cannot be measured."""
+    moved = [to_device(b, device) for b in sample] if device.type != "cpu" else sample
+    checked: list[bool] = []
+
+    def forward(batch: Any) -> torch.Tensor:
+        try:
+            with optim.autocast():
+                output = model.train_step(batch)
+        except Exception as error:
+            if hasattr(error, "add_note"):
+                error.add_note(
+                    "ember: raised by train_step while lr_find measured the curvature; the "
+                    f"batch was {describe(batch)}"
+                )
+            raise
+        if not checked:
+            check_train_output(model, output)
+            checked.append(True)
+        return output.loss * scale if scale != 1.0 else output.loss
+
+    scale = float(optim.scaler.get_scale()) if optim.scaler is not None else 1.0
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        return None  # nothing trains: no rate is unstable
+    try:
+        value = curvature(forward, params, moved, optim.optimizer, rule, scale)
+    except RuntimeError as error:
+        notes.append(
+            f"the curvature could not be measured ({str(error).splitlines()[0]}): the "
+            "suggestion is read from the curve, a rate to start from."
+        )
+        return None
+    if not math.isfinite(value):
+        notes.append(
+            "the curvature is not finite at the model's parameters: the suggestion is read "
+            "from the curve, a rate to start from."
+        )
+        return None
+    return value
 
 
 MEASURABLE = 1e-6
