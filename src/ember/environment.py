@@ -50,8 +50,26 @@ def in_notebook() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
+def existing_group() -> tuple[int, int, int] | None:
+    """(rank, world size, local rank) of a default process group of several processes
+    that the user's script has already made (`torch.distributed.init_process_group`),
+    else None. Asks torch.distributed only when something already imported it."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+        return None
+    world = int(distributed.get_world_size())
+    if world <= 1:
+        return None
+    rank = int(distributed.get_rank())
+    return rank, world, int(os.environ.get("LOCAL_RANK", rank))
+
+
 def from_environment() -> tuple[int, int, int] | None:
-    """(rank, world size, local rank) when launched by torchrun or by ember, else None."""
+    """(rank, world size, local rank) when the process group exists already, or when
+    launched by torchrun or by ember, else None."""
+    group = existing_group()
+    if group is not None:
+        return group
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1 or "RANK" not in os.environ:
         return None

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import os
 
+from ember.environment import existing_group
+
 
 def is_main_process() -> bool:
     """True in the single process of a run, or in rank 0 of several. Guard work that
     must happen once (clearing a directory, saving a config) with it."""
+    group = existing_group()
+    if group is not None:
+        return group[0] == 0
     return os.environ.get("RANK", "0") == "0"

@@ -50,8 +50,12 @@ class Distributed:
         timeout: float = 300.0,
         launcher: int | None = None,
         prefix: str = "",
+        owns_group: bool = True,
     ) -> None:
         self.rank = rank
+        self.owns_group = owns_group
+        """ember made the process group (and destroys it at the end); False: the user's
+        script made it, and keeps it."""
         self.world = world
         self.local_rank = local_rank
         self.device = device
@@ -67,6 +71,9 @@ class Distributed:
         collectives got, the failure that explains this rank's errors (`launcher`: the pid
         of the process that started this one, when ember started it; `prefix`: before the
         lines this rank prints)."""
+        self.host_group: Any = None
+        """The group for collectives of host values: the default one, or under NCCL a
+        gloo group of the same processes (`open_host_group`)."""
         self.handler: logging.Handler | None = None
         """The `ember` log's handler of a rank other than 0, which has no experiment.log."""
         self._watchdog: threading.Thread | None = None
@@ -116,6 +123,17 @@ class Distributed:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         self.health.progress += 1
         return bool(tensor.item())
+
+    def vote(self, flag: bool, seconds: float) -> tuple[bool, float]:
+        """Whether `flag` is true on any rank, and the most `seconds` any rank gives, in
+        one all-reduce of host memory (over a gloo group of its own under NCCL, so the
+        vote never waits for the device)."""
+        self.health.progress += 1
+        tensor = torch.tensor([1.0 if flag else 0.0, float(seconds)], dtype=torch.float64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.host_group)
+        self.health.progress += 1
+        flags, most = tensor.tolist()
+        return flags > 0, most
 
     def sum(self, value: torch.Tensor) -> torch.Tensor:
         """The sum over every rank of a float32 scalar `value` (one all-reduce)."""
@@ -280,6 +298,12 @@ class Distributed:
         )
         self._watchdog.start()
 
+    def open_host_group(self) -> None:
+        """Under NCCL, a gloo group of the same processes for host values (every rank
+        makes it, once the default group exists)."""
+        if self.backend == "nccl":
+            self.host_group = dist.new_group(backend="gloo")
+
     def attach_board(self, number: int) -> None:
         """A store client of our own (the watchdog's calls never wait behind the
         training thread's), under keys of this run, restart and group (`number`: how
@@ -324,7 +348,8 @@ class Distributed:
                     dist.barrier()
                 except Exception:  # a rank died at the very end: reported below
                     failed = True
-            dist.destroy_process_group()
+            if self.owns_group:
+                dist.destroy_process_group()
         deadline = time.monotonic() + (GRACE + 1 if failed else 120)
         for child in self.children:
             try:

@@ -27,7 +27,11 @@ _GROUPS = itertools.count(1)  # numbers the process groups this process joins: k
 
 
 def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed | None:
-    """Join (or start, then join) the process group; None for a single process."""
+    """Join (or start, then join) the process group; None for a single process. A
+    default group the user's script made already is used as it is, and left to it."""
+    adopted = dist.is_available() and dist.is_initialized()
+    if adopted and dist.get_world_size() <= 1:
+        return None
     placement = from_environment()
     children: list[Child] = []
     saved: dict[str, str | None] = {}
@@ -43,11 +47,13 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
     try:  # (a Ctrl-C too) whatever ends the joining ends the ranks started for it
         device = process_device(devices, local_rank)
         backend = "nccl" if device.type == "cuda" else "gloo"
+        if adopted:
+            backend = check_backend(str(dist.get_backend()), device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         variable = os.environ.get(LAUNCHER_VARIABLE)
         launcher = int(variable) if variable is not None else None
-        ours = bool(children) or launcher is not None
+        ours = not adopted and (bool(children) or launcher is not None)
         prefix = "" if ours else f"[rank{rank}]: "
         context = Distributed(
             rank,
@@ -60,6 +66,7 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
             timeout=timeout,
             launcher=launcher,
             prefix=prefix,
+            owns_group=not adopted,
         )
         number = next(_GROUPS)
         EXIT_ACCOUNT.explained.clear()
@@ -67,15 +74,20 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
         if ours:
             context.start_watchdog()  # watch the started ranks (or our starter) from now on
         try:
-            dist.init_process_group(
-                backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout + _SLACK)
-            )
+            if not adopted:
+                dist.init_process_group(
+                    backend,
+                    rank=rank,
+                    world_size=world,
+                    timeout=timedelta(seconds=timeout + _SLACK),
+                )
         except Exception as error:
             report = context.health.exits(wait=2.0)
             context.close(failed=True)
             raise TrainingError(
                 f"Joining the process group as rank {rank} of {world} failed: {error}. {report}"
             ) from error
+        context.open_host_group()
         # torch prefixes uncaught errors with the rank; the ranks ember starts are
         # prefixed by rank 0 already
         install_excepthook(hook if ours else sys.excepthook, prefix)
@@ -94,6 +106,22 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
         raise
     log.info("Rank %d of %d on %s (backend %s).", rank, world, device, backend)
     return context
+
+
+def check_backend(backend: str, device: torch.device) -> str:
+    """The backend of the user's process group, checked against this process's device."""
+    if device.type == "cuda" and "nccl" not in backend:
+        log.info(
+            "The process group's backend is %s: tensors on %s are reduced by it.", backend, device
+        )
+    if device.type == "cpu" and backend == "nccl":
+        raise TrainingError(
+            "The process group was made with the nccl backend, which reduces CUDA tensors "
+            "only, and this process trains on the CPU. Make the group with "
+            "init_process_group('gloo') (or 'cpu:gloo,cuda:nccl'), or train on CUDA "
+            "(devices(['cuda']))."
+        )
+    return "nccl" if "nccl" in backend and device.type == "cuda" else "gloo"
 
 
 def process_device(devices: Sequence[torch.device] | None, local_rank: int) -> torch.device:
@@ -127,6 +155,7 @@ def process_device(devices: Sequence[torch.device] | None, local_rank: int) -> t
 # What the group's own waits are called in the hang reports
 for _code, _label in {
     Distributed.any.__code__: "the vote on stopping",
+    Distributed.vote.__code__: "the vote on stopping",
     Distributed.barrier.__code__: "a barrier",
     Distributed.all_gather.__code__: "an exchange of values between the ranks",
     Distributed.broadcast.__code__: "a broadcast from rank 0",

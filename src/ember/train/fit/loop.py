@@ -4,6 +4,7 @@ epochs, `train_split` one epoch's steps, `after_step` the decisions after each."
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from typing import Mapping
@@ -18,6 +19,7 @@ from ember.train.fit.stepper import Stepper
 from ember.train.length.batches import EpochPlan, Step
 from ember.train.length.duration import crossed
 from ember.train.length.position import Position
+from ember.train.length.stop_vote import StopVote
 from ember.train.outcome import Outcome
 from ember.train.parallel import join
 
@@ -30,6 +32,8 @@ class TrainLoop:
     def __init__(self, parts: FitParts, state: FitState) -> None:
         self.parts, self.state = parts, state
         self.stepper = Stepper(parts, state)
+        self.vote = StopVote()
+        """When several processes agree on a stop."""
         options, length = parts.options, parts.length
         self.quiet = (
             parts.dist is None
@@ -83,11 +87,15 @@ class TrainLoop:
                 self.resume_logs(start, parts.resume.log_lines)
             processor.restore_epoch_states(parts.resume.metric_states(dist), parts.device)
         state.iteration, state.items, stop = start.iteration, start.items, False
+        self.vote.start_epoch()
         stepper.start_epoch(start.iteration, plan.total)
         ranks, batches = parts.ranks, plan.batches()
         steps = plan.steps(batches)
         steady = self.quiet and plan.single and stepper.plain
-        with ranks.join() if ranks is not None else join(parts.wrapped):  # collective at exit
+        # DDP keeps answering the others' reductions only where a process runs out of
+        # batches before them (each forward then takes a collective of its own)
+        joined = join(parts.wrapped) if plan.uneven else contextlib.nullcontext()
+        with ranks.join() if ranks is not None else joined:  # collective at exit
             while not stop:
                 if steady and stepper.run == stepper.plain_step:  # the rest in one loop
                     stop = steady_steps(parts, state, batches, stepper.apply, plan.count)
@@ -174,8 +182,11 @@ class TrainLoop:
             cadence = parts.options.cadence
             return voted or (cadence is not None and cadence.expired)
         stop = parts.options.interrupter.should_stop()
-        if parts.dist is not None:
-            stop = parts.dist.any(stop) if step.may_vote else False
+        if parts.dist is not None:  # at the steps every process votes at (`StopVote`)
+            cadence = parts.options.cadence
+            if cadence is not None and cadence.expired:  # agreed already (rank 0's clock)
+                return True
+            stop = self.vote.agree(parts.dist, stop) if step.may_vote else False
         return stop
 
     def save_mid_epoch(self, flush: bool = False) -> None:

@@ -75,6 +75,11 @@ def prepare(
         valid_plan.check_limit("validation", "valid")
     kit.length.counters = resume.position.counters
     notes = [*optim.notes, *count_steps(kit, state, train_plan, resume.position)]
+    if dist is not None:  # a shuffled loader ember shards takes rank 0's order
+        saved = resume.state["learner"].get("data") if resume.state is not None else None
+        train_plan.share_order(dist, saved.get("seed") if isinstance(saved, dict) else None)
+        if valid_plan is not None:
+            valid_plan.share_order(dist, None)
     kit.checkpoints.data = train_plan.data_state()
     kit.checkpoints.loader_state = train_plan.loader_state
     if resume.state is not None and resume.position.iteration:  # resumed inside an epoch

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
+from ember.data.sampler import ResumableSampler
 from ember.errors import ConfigError, TrainingError
 from ember.train.length.loader_view import (
     Count,
@@ -163,6 +164,20 @@ class EpochPlan:
         return self.steps(self.batches())
 
     @property
+    def uneven(self) -> bool:
+        """Processes have different numbers of batches left in this epoch (without
+        stand-ins): DDP must then keep answering the others' reductions (`join`)."""
+        shards = self._shards
+        if shards is None or self._longest is not None:
+            return False
+        left = None if self._limit is None else self._limit - self.start.iteration
+        counts = {
+            shards.batches(length) if left is None else min(left, shards.batches(length))
+            for length in shards.lengths
+        }
+        return len(counts) > 1
+
+    @property
     def single(self) -> bool:
         """Each step is one batch of this process alone (`steps` yields a step per
         item of `batches()`, in order)."""
@@ -220,8 +235,12 @@ class BatchPlanner:
     ) -> None:
         self.loader = loader
         self.name = name
+        self.sampler = find_sampler(loader)
+        batch_sampler = None
+        if shard is not None and is_indexed(loader):
+            self.sampler, batch_sampler = process_share(loader, name, *shard)
         self.view = (
-            TorchLoaderView(loader, exact)  # type: ignore[arg-type]
+            TorchLoaderView(loader, exact, batch_sampler)  # type: ignore[arg-type]
             if is_indexed(loader) and not is_stateful(loader)
             else None
         )
@@ -237,7 +256,6 @@ class BatchPlanner:
         self.stand_ins = stand_ins
         """Several processes: one with fewer batches runs stand-ins (`StandIn`) up to
         the others' count (FSDP, whose every forward needs every process)."""
-        self.sampler = find_sampler(loader)
         self.limit = limit
         """At most this many batches per epoch (an int), or this fraction of the
         loader's batches (a float in (0, 1]); None: every batch."""
@@ -263,10 +281,31 @@ class BatchPlanner:
         return limit if batches is None else min(limit, batches)
 
     def _length(self) -> int | None:
+        """Batches of an epoch of this process (its share, under several)."""
         try:
+            if self.view is not None:
+                return len(self.view.view)
             return len(self.loader)  # type: ignore[arg-type]
         except TypeError:
             return None
+
+    def share_order(self, dist: Any, saved: Any) -> None:
+        """Several processes: a shuffled loader given a sampler of ember's
+        (`process_share`) shuffles with rank 0's seed on every process (`saved`: the
+        seed a resumed run's checkpoint noted, which it keeps)."""
+        sampler = self.sampler
+        if not isinstance(sampler, ResumableSampler) or sampler.seed is None:
+            return
+        if self.loader.sampler is sampler:  # type: ignore[attr-defined]
+            return  # DataLoaderBuilder's: the user's seed
+        seed = saved if type(saved) is int else sampler.seed
+        sampler.seed = dist.broadcast(seed)
+
+    @property
+    def uneven(self) -> bool:
+        """Several processes may have different numbers of batches in an epoch."""
+        counts = self._batch_counts()
+        return counts is not None and len(set(counts)) > 1
 
     def data_state(self) -> dict[str, int | None]:
         """What a checkpoint notes of the data: the dataset's samples and the sampler's
@@ -318,12 +357,14 @@ class BatchPlanner:
         )
 
     def check_shardable(self, name: str) -> None:
-        """Several processes need a sampler that gives each one its exact share."""
+        """Several processes need a sampler that gives each one its share."""
         if self.sampler is None or not callable(getattr(self.sampler, "shard", None)):
             raise TrainingError(
-                f"Training on several processes needs the {name} data loader to be built "
-                "with ember.data.DataLoaderBuilder: its sampler gives each process its "
-                "exact share of every epoch (no sample dropped or counted twice)."
+                f"Training on several processes needs the {name} data loader to give each "
+                f"process its share of every epoch, and a {type(self.loader).__name__} "
+                "cannot be split. Use a torch DataLoader over a dataset with __len__ (with "
+                "a DistributedSampler, or a plain or shuffled one, which ember shards), or "
+                "ember.data.DataLoaderBuilder."
             )
 
     def check_even(self, name: str, why: str, fix: str) -> None:
@@ -500,6 +541,71 @@ class BatchPlanner:
             return batches
 
         return opened, count
+
+
+class DistributedShares:
+    """A torch `DistributedSampler` seen as ember's samplers are: every process reads
+    as many samples (it pads, or drops, to make them equal)."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+        self.seed = getattr(sampler, "seed", None) if getattr(sampler, "shuffle", False) else None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def shard(self, rank: int, world: int) -> None:
+        """Nothing to do: the sampler was made for this process."""
+
+    def shard_lengths(self) -> list[int]:
+        return [len(self.sampler)] * int(self.sampler.num_replicas)
+
+
+def process_share(loader: Any, name: str, rank: int, world: int) -> tuple[Any, Any]:
+    """The sampler that gives this process its share of a torch DataLoader's epochs,
+    and the batch sampler to read it with (None: the loader's own). A
+    `DistributedSampler` made for this process is used as it is; a plain or shuffled
+    loader gets one of ember's, which gives every process its exact share (the
+    epoch's order dealt out in turn, no sample padded or dropped), shuffling with a
+    seed rank 0 chooses (`BatchPlanner.share_order`); another sampler is refused."""
+    sampler = loader.sampler
+    if callable(getattr(sampler, "shard", None)):  # DataLoaderBuilder's
+        return sampler, None
+    if hasattr(sampler, "num_replicas") and hasattr(sampler, "rank"):
+        if (int(sampler.num_replicas), int(sampler.rank)) != (world, rank):
+            raise TrainingError(
+                f"The {name} data loader's {type(sampler).__name__} was made for process "
+                f"{sampler.rank} of {sampler.num_replicas}, and this is process {rank} of "
+                f"{world}. Make it with num_replicas={world} and rank={rank} (the defaults, "
+                "once the process group exists), or leave the sampler out: ember gives "
+                "each process its share."
+            )
+        return DistributedShares(sampler), None
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+    plain = type(sampler) in (SequentialSampler, RandomSampler)
+    if not plain or type(loader.batch_sampler) is not BatchSampler:
+        raise TrainingError(
+            f"The {name} data loader orders its samples with a {type(sampler).__name__} "
+            f"(batched by a {type(loader.batch_sampler).__name__}), which ember cannot "
+            "split between the processes. Give the loader a "
+            "torch.utils.data.DistributedSampler made for each process, or build it "
+            "with ember.data.DataLoaderBuilder."
+        )
+    seed = None
+    if type(sampler) is RandomSampler:
+        if sampler.replacement or sampler._num_samples is not None:
+            raise TrainingError(
+                f"The {name} data loader draws samples with replacement or a number of "
+                "samples of its own, which ember cannot split between the processes. "
+                "Give it a torch.utils.data.DistributedSampler made for each process."
+            )
+        generator = sampler.generator
+        draw = torch.empty((), dtype=torch.int64)
+        seed = int(draw.random_(generator=generator).item()) & 0x7FFFFFFF
+    shared = ResumableSampler(loader.dataset, seed)
+    shared.shard(rank, world)
+    return shared, BatchSampler(shared, int(loader.batch_size), bool(loader.drop_last))
 
 
 def _sized(value: Any) -> int | None:

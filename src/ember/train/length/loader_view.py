@@ -254,12 +254,14 @@ class TorchLoaderView:
     """A torch DataLoader over a map-style dataset, read through a copy that counts
     each batch's items and opens a resumed epoch at its next batch (see the module)."""
 
-    def __init__(self, loader: DataLoader[Any], exact: bool) -> None:
+    def __init__(self, loader: DataLoader[Any], exact: bool, batch_sampler: Any = None) -> None:
         self.loader = loader
         self.opening: _Opening | None = None
         view = copy.copy(loader)
         view.__dict__["_iterator"] = None
-        self.noted = _NotedBatches(loader.batch_sampler, self)
+        inner = batch_sampler if batch_sampler is not None else loader.batch_sampler
+        self.noted = _NotedBatches(inner, self)
+        """The batch sampler read (the loader's, or one giving this process its share)."""
         object.__setattr__(view, "batch_sampler", self.noted)
         self.workers = loader.num_workers if exact else 0
         """Worker processes whose random states are followed (training loaders)."""
@@ -284,7 +286,7 @@ class TorchLoaderView:
     @property
     def skips_itself(self) -> bool:
         """Its sampler skips the samples a resumed epoch already trained (ours)."""
-        sampler = getattr(self.loader, "sampler", None)
+        sampler = getattr(self.noted.inner, "sampler", None)
         return callable(getattr(sampler, "skip", None))
 
     def states(self) -> dict[str, Any]:
