@@ -2,7 +2,7 @@
 both sides: torchrun starts the processes, the script makes the process group, a torch
 DataLoader reads a DistributedSampler's share.
 
-    python bench/ddp_raw.py [--reps 3] [--processes 2] [--models mlp,cnn] [--samples 65536]
+    python bench/ddp_raw.py [--reps 3] [--processes 2] [--models mlp,cnn,mlp_fsdp] [--samples 65536]
 
 Each measurement is a fresh `torchrun` launch of `python bench/ddp_raw.py --worker
 SIDE MODEL`, the sides alternating (raw, ember, raw, ember, ...). A worker trains one
@@ -13,7 +13,10 @@ careful hand-written loop does; ember's metrics do what they do. It times the ep
 counts the collectives torch.distributed is asked for during the steps (DDP's own
 gradient all-reduce, made by its C++ reducer, is not among them: both sides have it).
 The report: each side's best time, the ratio of the bests, and each side's collectives
-per step.
+per step. A model named with `_fsdp` (`mlp_fsdp`) shards it with FSDP2 on both sides
+(`fully_shard` on each linear and convolution layer, then the model; ember's
+`devices(["cpu"], strategy="fsdp")` with the same units): the collectives then
+include FSDP's own gathers and reductions, which both sides should count alike.
 """
 
 from __future__ import annotations
@@ -88,8 +91,17 @@ def worker(side: str, model_name: str, samples: int) -> None:
             nn.Linear(32, 10),
         )
     steps = len(loader)
-    if side == "raw":
-        model = nn.parallel.DistributedDataParallel(net)
+    fsdp = side.endswith("fsdp")
+    if side.startswith("raw"):
+        if fsdp:  # FSDP2: each linear layer a unit, then the whole model
+            from torch.distributed.fsdp import fully_shard
+
+            for module in net:
+                if isinstance(module, (nn.Linear, nn.Conv2d)):
+                    fully_shard(module)
+            model = fully_shard(net)
+        else:
+            model = nn.parallel.DistributedDataParallel(net)
         optimizer = torch.optim.SGD(model.parameters(), lr=LR)
         sampler.set_epoch(1)
         dist.barrier()
@@ -147,9 +159,11 @@ def worker(side: str, model_name: str, samples: int) -> None:
         directory = tempfile.mkdtemp(prefix="ember-ddp-bench-") if rank == 0 else "unused"
         directory = [directory]
         dist.broadcast_object_list(directory, src=0)
+        builder = LearnerBuilder(directory[0])
+        if fsdp:  # the same units as the raw loop's
+            builder = builder.devices(["cpu"], strategy="fsdp", modules=(nn.Linear, nn.Conv2d))
         learner = (
-            LearnerBuilder(directory[0])
-            .metric_train_numeric(LossMetric())
+            builder.metric_train_numeric(LossMetric())
             .metric_train(AccuracyMetric())
             .num_epochs(1)
             .listener(window)
@@ -215,7 +229,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=65536)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--models", default="mlp,cnn,mlp_fsdp")
     args = parser.parse_args()
     if args.worker:
         worker(*args.worker, args.samples)
@@ -232,10 +246,13 @@ def main() -> None:
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for model in args.models.split(","):
+        suffix = "_fsdp" if model.endswith("_fsdp") else ""
+        model = model.removesuffix("_fsdp")
         runs: dict[str, list[dict]] = {"raw": [], "ember": []}
         for _ in range(args.reps):
             for side in ("raw", "ember"):
-                runs[side].append(launch(side, model, args.processes, args.samples))
+                runs[side].append(launch(side + suffix, model, args.processes, args.samples))
+        model += suffix.replace("_", ", ")
         best = {side: min(run["seconds"] for run in rows) for side, rows in runs.items()}
         median = {
             side: statistics.median(r["seconds"] for r in rows) for side, rows in runs.items()
