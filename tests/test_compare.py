@@ -135,6 +135,7 @@ def test_runs_lists_every_state_with_what_to_do(runs, capsys):
     shutil.copytree(root / "fast", root / "old" / "run")
     for name in ("history.jsonl", "hparams.json", "sessions.json"):
         (root / "old" / "run" / name).unlink()
+    shutil.rmtree(root / "old" / "run" / "checkpoint")  # (they would need the history)
     # A run going on now: this process holds its lock.
     shutil.copytree(root / "slow", root / "live")
     lock = RunLock(root / "live" / ".lock")

@@ -14,6 +14,7 @@ import torch
 from ember_testing import load_example, run_script
 
 from ember.record import DefaultRecorder
+from ember.train.logger import read_metric_log
 from ember.train.summary import LearnerSummary
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
@@ -65,10 +66,7 @@ def test_two_processes_at_batch_b_match_one_process_at_batch_2b(tmp_path, one_pr
     for split in ("train", "valid"):
         for epoch in (1, 2, 3):
             for name in ("Loss", "Accuracy"):
-                lines = lambda d: [
-                    tuple(map(float, l.split(",")))
-                    for l in (d / split / f"epoch-{epoch}" / f"{name}.log").read_text().splitlines()
-                ]
+                lines = lambda d: read_metric_log(d / split / f"epoch-{epoch}" / f"{name}.log")
                 a, b = lines(one_process), lines(tmp_path / "two")
                 assert (
                     sum(w for _, w in a)

@@ -25,6 +25,7 @@ from ember.train import LearnerBuilder
 from ember.train.checkpoint import FileCheckpointer
 from ember.train.checkpoint.shards import SHARDED, ShardIndex, index_record, load_whole
 from ember.train.length.batches import BatchPlanner
+from ember.train.logger import read_metric_log
 from ember.train.parallel import FsdpOptions
 from ember.train.parallel.fsdp import _by_index, _by_name, units
 from ember.train.parallel.ties import tied_parameters, unit_groups
@@ -59,10 +60,7 @@ def final_rank(directory: Path, rank: int) -> dict[str, torch.Tensor]:
 
 
 def epoch_means(directory: Path, split: str, epoch: int, name: str) -> float:
-    rows = [
-        tuple(map(float, line.split(",")))
-        for line in (directory / split / f"epoch-{epoch}" / f"{name}.log").read_text().splitlines()
-    ]
+    rows = read_metric_log(directory / split / f"epoch-{epoch}" / f"{name}.log")
     return sum(v * w for v, w in rows) / sum(w for _, w in rows)
 
 
@@ -159,9 +157,9 @@ def test_processes_with_fewer_batches_run_stand_ins_and_train_as_one_process(tmp
             ours = epoch_means(tmp_path / "fsdp", split, epoch, "Loss")
             assert abs(ours - epoch_means(tmp_path / "one", split, epoch, "Loss")) < 1e-5
             log = tmp_path / "fsdp" / split / f"epoch-{epoch}" / "Loss.log"
-            rows = [line.split(",") for line in log.read_text().splitlines()]
+            rows = read_metric_log(log)
             assert len(rows) == lines  # each process's batches; no stand-in counted
-            assert sum(int(weight) for _, weight in rows) == samples
+            assert sum(weight for _, weight in rows) == samples
 
 
 @pytest.mark.slow

@@ -65,8 +65,8 @@ def test_each_log_line_is_value_and_batch_size_summing_to_the_dataset(tmp_path, 
                 lines = path.read_text().splitlines()
                 assert len(lines) == batches
                 for line in lines:
-                    assert re.fullmatch(r"[-+0-9.e]+,[0-9]+", line), line
-                    value, _weight = line.split(",")
+                    assert re.fullmatch(r"[-+0-9.e]+,[0-9]+,[0-9a-f]{8}", line), line
+                    value, _weight, _check = line.split(",")
                     float(value)
                 assert sum(int(line.split(",")[1]) for line in lines) == size
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ember.record import DefaultRecorder
+from ember.train.logger import read_metric_log
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_ddp.py"
 
@@ -34,8 +35,7 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def epoch_lines(directory: Path, name: str) -> list[tuple[float, float]]:
-    text = (directory / "train" / "epoch-1" / f"{name}.log").read_text()
-    return [(float(v), float(w)) for v, w in (line.split(",") for line in text.splitlines())]
+    return read_metric_log(directory / "train" / "epoch-1" / f"{name}.log")
 
 
 def test_out_of_memory_on_rank_1_splits_every_rank_and_keeps_the_update(tmp_path):

@@ -100,15 +100,21 @@ def test_lines_of_interleaved_metrics_and_mixed_weights():
         MetricRecord("A", 3, float("nan"), 1.0),
         MetricRecord("B", 2, float("inf"), float("inf")),
     ]
-    lines = add_lines({"A": ["0.25,4\n"]}, records)
-    assert lines == {
-        "A": ["0.25,4\n", "0.5,8\n", f"{1.0 / 3.0!r},2.5\n", "nan,1\n"],
-        "B": ["2.0,3\n", "inf,inf\n"],
+    first = format_line(0.25, 4)
+    lines = add_lines({"A": [first]}, records)
+    bodies = {name: [line.rsplit(",", 1)[0] for line in text] for name, text in lines.items()}
+    assert bodies == {
+        "A": ["0.25,4", "0.5,8", f"{1.0 / 3.0!r},2.5", "nan,1"],
+        "B": ["2.0,3", "inf,inf"],
     }
-    assert lines["A"][1:3] == [format_line(0.5, 8.0), format_line(1.0 / 3.0, 2.5)]
+    # each line's check chains on the one before it (the file's first: on nothing)
+    second = format_line(0.5, 8.0, int(first.rsplit(",", 1)[1], 16))
+    third = format_line(1.0 / 3.0, 2.5, int(second.rsplit(",", 1)[1], 16))
+    assert lines["A"][1:3] == [second, third]
+    assert lines["B"][0] == format_line(2.0, 3)
 
 
 @pytest.mark.parametrize("weight", [4, 4.0, torch.tensor(4)])
 def test_an_integer_weight_is_written_as_an_integer_whatever_its_type(weight):
     rows, _, _ = run([MetricValue(0.75, weight)])
-    assert add_lines({}, rows) == {"M": ["0.75,4\n"]}
+    assert add_lines({}, rows) == {"M": [format_line(0.75, 4)]}

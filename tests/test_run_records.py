@@ -213,13 +213,19 @@ def test_a_damaged_sessions_file_shows_its_run_as_damaged_and_the_others_are_lis
     damaged_sessions(completed)
     assert main(["runs", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    rows = {line.split("|")[1].strip(): line for line in out.splitlines()[2:]}
+    table = [line for line in out.splitlines()[2:] if line.startswith("|")]
+    rows = {line.split("|")[1].strip(): line for line in table}
     assert sorted(rows) == ["other", "run"]
     cells = {name: [cell.strip() for cell in line.split("|")[2:6]] for name, line in rows.items()}
     assert cells["other"][:2] == ["completed", "2"]
     assert cells["run"][:2] == ["damaged", "2"]
     assert "sessions.json: the checksum does not match" in cells["run"][3]
     assert f"ember repair {completed}" in cells["run"][3]
+    below = out.splitlines()[2 + len(table) :]  # the problem in full, below the table
+    assert below == [
+        "run: sessions.json: the checksum does not match: the file was damaged or edited "
+        f"after it was written; run `ember repair {completed}`"
+    ]
 
 
 def test_ember_repair_sets_damaged_records_aside_and_the_run_resumes(

@@ -8,6 +8,7 @@ import sys
 
 from ember._version import __version__
 from ember.errors import EmberError
+from ember.printable import printable, printable_lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,45 +44,50 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "summary":
             from ember.train.summary import LearnerSummary
 
-            print(LearnerSummary.from_dir(args.artifact_dir).table())
+            _say(LearnerSummary.from_dir(args.artifact_dir).table())
             return 0
         if args.command == "plot":
             from ember.plot import plot_run
 
             for path in plot_run(args.artifact_dir, args.output_dir):
-                print(path)
+                _say(printable(path))
             return 0
         if args.command == "compare":
             from ember.comparison import compare as compare_runs
 
             comparison = compare_runs(args.artifact_dirs)
-            print(comparison.table())
+            _say(comparison.table())
             if args.output_dir is not None:
                 for path in comparison.plot(args.output_dir):
-                    print(path)
+                    _say(printable(path))
             return 0
         if args.command == "runs":
             from ember.comparison import runs as find_runs
             from ember.comparison import runs_table
 
-            print(runs_table(find_runs(args.root), args.root))
+            _say(runs_table(find_runs(args.root), args.root))
             return 0
         if args.command == "repair":
             from ember.train.repair import repair_run
 
             done = repair_run(args.artifact_dir)
             for line in done:
-                print(line)
+                _say(printable(line))
             if not done:
-                print(
-                    f"Nothing to repair: every record of {args.artifact_dir} reads back as written."
-                )
+                where = printable(args.artifact_dir)
+                _say(f"Nothing to repair: every record of {where} reads back as written.")
             return 0
     except EmberError as error:
-        print(f"ember: {error}", file=sys.stderr)
+        print(f"ember: {printable(error)}", file=sys.stderr)
         return 2
     parser.print_help()
     return 1
+
+
+def _say(text: str) -> None:
+    """Print text laid out by ember (its fields escaped already), every line of it
+    escaped once more: nothing read from a run reaches the terminal raw."""
+    print(printable_lines(text))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ from `history.jsonl` (through `ember.train.history`), the hyperparameters from
 `hparams.json`, the time spent training from `sessions.json`, and whether a run is
 going on from its lock. Runs in progress are read as they stand; a run missing one of
 these files (written by an older ember, or not by the learner) is shown with what
-it has and a note that names what is missing; a run whose records are damaged is
-shown as "damaged", with what can still be read and the fix (`ember repair DIR`).
+it has and a note that names what is missing; a run whose records are damaged (or
+whose history a resume from its newest checkpoint would refuse) is shown as
+"damaged", with what can still be read and the fix (`ember repair DIR`).
 
 ```python
 import ember
@@ -30,11 +31,25 @@ from typing import Any, Iterable, Sequence
 
 from ember.durable import atomic_write_bytes
 from ember.errors import EmberError, RunRecordError
-from ember.figures import LEGEND_ROWS, colours, legend_beside, matplotlib, significant
+from ember.figures import (
+    LEGEND_ROWS,
+    colours,
+    legend_beside,
+    markers_whole,
+    matplotlib,
+    significant,
+)
+from ember.printable import printable
 from ember.train.files.artifacts import SPLITS, Artifacts
 from ember.train.files.lock import read_lock
 from ember.train.files.metric_files import metric_stem
-from ember.train.files.run_record import flatten_hparams, read_hparams, read_sessions, wall_time
+from ember.train.files.run_record import (
+    check_latest,
+    flatten_hparams,
+    read_hparams,
+    read_sessions,
+    wall_time,
+)
 from ember.train.history import RunHistory
 from ember.train.summary import epoch_values
 
@@ -74,8 +89,10 @@ class RunRow:
     directory: Path
     status: str
     """"completed", "stopped", "stopped early", "pruned", "failed", "interrupted",
-    "running", "damaged" (a record does not read back as written: `detail` names it
-    and the fix) or "unknown" (no history: an older run, or not one of the learner)."""
+    "running", "damaged" (a record does not read back as written, or the history lacks
+    what the newest checkpoint says it held, as a resume from it would find: `detail`
+    names it and the fix) or "unknown" (no history and no checkpoint that needs one: an
+    older run, or not one of the learner)."""
     detail: str
     """The outcome in words, with what to do next (the resume hint of a stopped run)."""
     epochs: int
@@ -89,6 +106,14 @@ class RunRow:
     """Per (split, metric): (epoch, value) of every completed epoch."""
     notes: tuple[str, ...] = ()
     """What is missing from the directory."""
+    damage: str | None = None
+    """For a "damaged" run: its first damaged record and what is wrong with it, in full
+    (`detail` says it in short, with the fix)."""
+
+
+DETAIL_WIDTH = 64
+"""A damaged run's problem is cut to this many characters in `detail` (the table's
+Details cell); the tables print it whole below themselves."""
 
 
 def read_run(directory: str | os.PathLike[str]) -> RunRow:
@@ -99,7 +124,7 @@ def read_run(directory: str | os.PathLike[str]) -> RunRow:
         raise EmberError(f"{root}: no such artifact directory.")
     artifacts = Artifacts(root)
     notes: list[str] = []
-    damage: list[str] = []
+    damage: list[RunRecordError] = []
     history: RunHistory | None = None
     series: dict[tuple[str, str], list[tuple[int, float]]] = {}
     saved = artifacts.saved_history
@@ -107,7 +132,7 @@ def read_run(directory: str | os.PathLike[str]) -> RunRow:
         try:
             history = RunHistory.load(saved)
         except RunRecordError as error:
-            damage.append(str(error))
+            damage.append(error)
             try:
                 history = RunHistory.salvage(saved)[0]
             except RunRecordError:
@@ -127,10 +152,20 @@ def read_run(directory: str | os.PathLike[str]) -> RunRow:
         notes.append("no sessions.json: wall time unknown")
     lock = read_lock(artifacts.lock)
     running = lock is not None and lock.running
+    if not running and not damage:
+        try:  # what a resume from the newest checkpoint would find wrong
+            check_latest(artifacts, history)
+        except RunRecordError as error:
+            damage.append(error)
     last_write = saved.stat().st_mtime if saved is not None else None
-    status, detail = _status(history, lock, running)
+    ended = sessions[-1].outcome if sessions and sessions[-1].ended is not None else None
+    status, detail = _status(history, lock, running, bool(sessions), ended)
+    problem = None
     if damage and not running:
-        status, detail = "damaged", damage[0]
+        problem = _problem(damage[0])
+        status, detail = "damaged", f"{_clipped(problem)}; run `ember repair {root}`"
+        if damage[0].path is None:  # not the fix: the message says what is
+            detail = _clipped(problem)
     epochs = max((epoch for values in series.values() for epoch, _ in values), default=0)
     return RunRow(
         directory=root,
@@ -142,25 +177,57 @@ def read_run(directory: str | os.PathLike[str]) -> RunRow:
         metrics={key: _stats(key[1], values) for key, values in series.items() if values},
         series=series,
         notes=tuple(notes),
+        damage=problem,
     )
 
 
-def _readable(read: Any, root: Path, damage: list[str]) -> Any:
+def _readable(read: Any, root: Path, damage: list[RunRecordError]) -> Any:
     """What `read(root)` returns, or None when the record is damaged (said in `damage`)."""
     try:
         return read(root)
     except RunRecordError as error:
-        damage.append(str(error))
+        damage.append(error)
         return None
 
 
-def _status(history: RunHistory | None, lock: Any, running: bool) -> tuple[str, str]:
+def _problem(error: RunRecordError) -> str:
+    """A damaged record's file (by name: the row names the run) and what is wrong with
+    it, without the fix's long text ("history.jsonl, line 6: the file ends ...")."""
+    path, problem = error.path, error.problem
+    if not isinstance(path, Path) or problem is None:
+        return str(error)
+    return f"{path.name}{', ' if problem.startswith('line ') else ': '}{problem}"
+
+
+def _clipped(text: str, width: int = DETAIL_WIDTH) -> str:
+    """`text`, cut at a word to at most `width` characters ("..." says it was)."""
+    if len(text) <= width:
+        return text
+    cut = text[: width - 3]
+    return (cut[: cut.rfind(" ")] if " " in cut else cut).rstrip(" ,:;") + "..."
+
+
+def _status(
+    history: RunHistory | None,
+    lock: Any,
+    running: bool,
+    sessions: bool = False,
+    ended: str | None = None,
+) -> tuple[str, str]:
+    """A run's status and its detail. `sessions`: sessions.json lists the run's fits;
+    `ended`: how the last one ended, as it says (the history's last lines, which say it
+    too, may have been lost)."""
     if running:
-        owner = lock.owner.describe() if lock.owner is not None else "a process"
-        return "running", f"training: {owner}"
+        if lock.unreadable is not None:  # damaged, or being written
+            return "running", lock.unreadable
+        return "running", f"training: {lock.owner.describe()}"
+    if history is None and sessions:  # a run of this ember, with no checkpoint to check
+        return "unknown", "no history.jsonl, and no checkpoint: nothing says how the run ended"
     if history is None:
         return "unknown", "no history.jsonl (a run of an older ember, or not a learner's run)"
     outcome = history.outcome
+    if outcome is None and lock is None:  # (a lock left behind: a kill came after)
+        outcome = ended
     resumable = bool(history.checkpoints)
     hint = f"; {RESUME_HINT}" if resumable else ""
     if outcome is None:
@@ -173,6 +240,26 @@ def _status(history: RunHistory | None, lock: Any, running: bool) -> tuple[str, 
         if text.startswith(status):
             return status, text + (hint if status in ("stopped", "interrupted", "failed") else "")
     return "unknown", text
+
+
+def _twins(rows: Sequence[RunRow], metric: str) -> list[tuple[RunRow, int]]:
+    """For each run drawn on `metric`'s chart: the first run with the same values of it
+    (itself when none comes before), and how many runs after it have them too. A chart
+    draws those under the later ones, wider, so that no colour hides another."""
+    keys = [
+        tuple(
+            (
+                split,
+                tuple((epoch, repr(value)) for epoch, value in row.series.get((split, metric), [])),
+            )
+            for split in SPLITS
+        )
+        for row in rows
+    ]
+    return [
+        (rows[keys.index(key)], sum(1 for other in keys[index + 1 :] if other == key))
+        for index, key in enumerate(keys)
+    ]
 
 
 def _stats(name: str, values: list[tuple[int, float]]) -> MetricStats:
@@ -229,7 +316,19 @@ def runs_table(rows: Sequence[RunRow], root: str | os.PathLike[str] | None = Non
         (_name(row.directory, root), row.status, str(row.epochs), _time(row.wall_time), row.detail)
         for row in rows
     ]
-    return _table(header, body)
+    below = [
+        f"{_name(row.directory, root)}: {printable(_whole(row))}"
+        for row in rows
+        if _whole(row) != row.detail
+    ]
+    return "\n".join([_table(header, body), *below])
+
+
+def _whole(row: RunRow) -> str:
+    """`row.detail` with a damaged run's problem in full, not cut to the Details cell."""
+    if row.damage is None:
+        return row.detail
+    return row.damage + row.detail[len(_clipped(row.damage)) :]
 
 
 @dataclass
@@ -280,9 +379,9 @@ class Comparison:
         lines = [_table(tuple(header), body)]
         for row in self.rows:
             if row.status != "completed":
-                lines.append(f"{_name(row.directory)}: {row.detail}")
+                lines.append(f"{_name(row.directory)}: {printable(_whole(row))}")
             if row.notes:
-                lines.append(f"{_name(row.directory)}: {'; '.join(row.notes)}")
+                lines.append(f"{_name(row.directory)}: {printable('; '.join(row.notes))}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -297,7 +396,9 @@ class Comparison:
         """The epoch values of `metric` in every run, one colour per run, training
         dashed and validation solid; beside the plot, a legend of the runs with their
         final values (validation's if they have it) and one of the line styles (in a
-        notebook, the chart shows inline)."""
+        notebook, the chart shows inline). Runs with the same values are drawn one over
+        the other, the earlier ones wider (the legend names the run each repeats), and
+        every marker is drawn whole, the last ones too."""
         names = {name for _, name in self.metrics}
         if metric not in names:
             raise EmberError(
@@ -312,7 +413,9 @@ class Comparison:
         figure = Figure(figsize=(9 + 2.2 * legend_columns, 5), layout="constrained")
         ax = figure.subplots()
         handles, labels = [], []
-        for row, colour in zip(drawn, colours(len(drawn))):
+        twins = _twins(drawn, metric)
+        for row, colour, (first, later) in zip(drawn, colours(len(drawn)), twins):
+            widen = 1.0 + 0.9 * later  # drawn under the `later` runs with the same values
             for split in SPLITS:
                 values = row.series.get((split, metric), [])
                 if not values:
@@ -323,12 +426,15 @@ class Comparison:
                     SPLIT_LINES[split],
                     color=colour,
                     marker="o" if split == "valid" else ".",
-                    linewidth=2.0 if split == "valid" else 1.4,
+                    markersize=6.0 * (1.0 + 0.6 * later),
+                    linewidth=(2.0 if split == "valid" else 1.4) * widen,
                 )
             final = row.metrics.get(("valid", metric)) or row.metrics.get(("train", metric))
             handles.append(Line2D([], [], color=colour, linewidth=2.0))
-            last = f" ({significant(final.final)})" if final is not None else ""
-            labels.append(f"{_name(row.directory)}{last}")
+            last = significant(final.final) if final is not None else ""
+            same = f"same values as {_name(first.directory)}" if first is not row else ""
+            said = "; ".join(text for text in (last, same) if text)
+            labels.append(f"{_name(row.directory)}" + (f" ({said})" if said else ""))
         direction = "higher is better" if higher_is_better(metric) else "lower is better"
         ax.set_title(f"{metric} per epoch ({direction})", fontsize=13, fontweight="bold")
         ax.set_xlabel("epoch")
@@ -340,6 +446,7 @@ class Comparison:
             keys = [Line2D([], [], color="black", linestyle=SPLIT_LINES[s]) for s in splits]
             ax.add_artist(legend_beside(ax, keys, splits, bottom=True))
             legend_beside(ax, handles, labels, title="run (final value)")
+            markers_whole(ax)
         return Chart(metric, figure)
 
     def plot(self, output_dir: str | os.PathLike[str]) -> list[Path]:
@@ -392,13 +499,15 @@ def _matplotlib() -> Any:
 
 
 def _name(directory: Path, root: str | os.PathLike[str] | None = None) -> str:
+    """How a table names a run: its folder's name (its path under `root`), control
+    characters escaped."""
     if root is not None:
         try:
             relative = directory.relative_to(root)
-            return str(relative) if str(relative) != "." else directory.name
+            return printable(relative if str(relative) != "." else directory.name)
         except ValueError:
             pass
-    return directory.name or str(directory)
+    return printable(directory.name or directory)
 
 
 def _time(seconds: float | None) -> str:
@@ -424,6 +533,8 @@ def _hparam(hparams: dict[str, Any] | None, key: str) -> str:
 
 
 def _table(header: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str:
+    header = tuple(map(printable, header))
+    body = [tuple(map(printable, row)) for row in body]
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
 
     def line(cells: tuple[str, ...]) -> str:

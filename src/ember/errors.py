@@ -21,6 +21,8 @@ class RunRecordError(EmberError):
 
     problem: str | None = None
     """What is wrong, without the file and the fix ("line 7: ..."), when it is known."""
+    path: object = None
+    """The damaged or missing file (a `pathlib.Path`), when it is known."""
 
 
 class TrainingError(EmberError):

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from ember.errors import EmberError
 from ember.train.renderer.format import significant
 
-__all__ = ["colours", "legend_beside", "matplotlib", "save", "significant"]
+__all__ = ["colours", "legend_beside", "markers_whole", "matplotlib", "save", "significant"]
 
 LEGEND_ROWS = 20
 """A legend beside the axes gets another column for every this many entries."""
@@ -60,6 +60,46 @@ def legend_beside(
         title_fontsize=fontsize,
         frameon=False,
     )
+
+
+def markers_whole(ax: Any) -> None:
+    """Widen the limits of `ax` (linear axes) so that every marker of its lines is drawn
+    whole inside the frame: a point at the edge of the data (the last validation of a
+    run) is not cut in half, whatever the margins matplotlib's style gives. The figure
+    is laid out first, to know the plotting area in pixels; limits never shrink."""
+    marked = [
+        line
+        for line in ax.get_lines()
+        if line.get_marker() not in (None, "None", "none", "", " ") and len(line.get_xdata())
+    ]
+    if not marked:
+        return
+    figure = ax.get_figure()
+    figure.draw_without_rendering()  # the layout: the plotting area's size in pixels
+    box = ax.get_window_extent()
+    radius = 3 + max(  # a few pixels of air between a marker and the frame
+        (line.get_markersize() / 2 + line.get_markeredgewidth()) * figure.dpi / 72
+        for line in marked
+    )
+    axes = (
+        ("x", [x for line in marked for x in line.get_xdata()], box.width, ax.get_xlim),
+        ("y", [y for line in marked for y in line.get_ydata()], box.height, ax.get_ylim),
+    )
+    for name, values, pixels, limits in axes:
+        if getattr(ax, f"get_{name}scale")() != "linear":
+            continue
+        finite = [float(v) for v in values if math.isfinite(float(v))]
+        if not finite or pixels <= 4 * radius:
+            continue
+        low, high = limits()
+        first, last = min(finite), max(finite)
+        scale = pixels / (high - low) if high > low else 0.0
+        if scale and (first - low) * scale >= radius and (high - last) * scale >= radius:
+            continue  # the margins hold the markers already
+        span = max(high, last) - min(low, first)
+        pad = radius * span / (pixels - 2 * radius)
+        setter = getattr(ax, f"set_{name}lim")
+        setter(min(low, first - pad), max(high, last + pad))
 
 
 def colours(count: int) -> list[Any]:

@@ -15,6 +15,7 @@ install ember[plot]`), imported only here.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ember.errors import EmberError
-from ember.figures import legend_beside, save, significant
+from ember.figures import legend_beside, markers_whole, save, significant
 from ember.figures import matplotlib as _figures
 from ember.lr_find_figure import lr_find_figure, lr_find_range, plot_lr_find
 from ember.train.files.artifacts import SPLITS, Artifacts
@@ -68,6 +69,9 @@ class MetricLogs:
         return [e for e, _ in pairs], [v for _, v in pairs]
 
 
+log = logging.getLogger(__name__)
+
+
 def read_run(artifact_dir: str | os.PathLike[str]) -> list[MetricLogs]:
     """Every metric log of a run, grouped by metric name (the log file's stem)."""
     root = Path(artifact_dir)
@@ -78,7 +82,10 @@ def read_run(artifact_dir: str | os.PathLike[str]) -> list[MetricLogs]:
     for split in SPLITS:
         for epoch, stem, path in artifacts.metric_logs(split):
             logs = metrics.setdefault(stem, MetricLogs(stem))
-            logs.splits.setdefault(split, {})[epoch] = read_metric_log(path)
+            damage: list[str] = []
+            logs.splits.setdefault(split, {})[epoch] = read_metric_log(path, damage)
+            for problem in damage:  # drawn up to the damaged line, and said so
+                log.warning("warning: %s", problem)
     for (split, stem), values in epoch_values(root).items():
         if stem in metrics:
             metrics[stem].epoch_values[split] = values
@@ -202,6 +209,8 @@ def iterations_figure(metric: MetricLogs, lengths: dict[int, int] | None = None)
         ax.grid(True, alpha=0.3)
         legend_beside(ax)
     figure.suptitle(f"{metric.name} per iteration", fontsize=14, fontweight="bold")
+    for ax in axes:  # the last validation's marker whole at the right edge
+        markers_whole(ax)
     return figure
 
 
@@ -312,6 +321,7 @@ def epochs_figure(metric: MetricLogs) -> Any:
     ax.grid(True, alpha=0.3)
     if all_epochs:
         legend_beside(ax, fontsize=10)
+        markers_whole(ax)  # the last epoch's marker whole, however many epochs
     return figure
 
 
@@ -363,6 +373,8 @@ def plot_run(
         metrics = []  # only a learning-rate range test so far
     _matplotlib()
     target = Path(output_dir) if output_dir is not None else Path(artifact_dir) / "plots"
+    if output_dir is None:  # inside the run: never through a link out of it
+        artifacts.check_links(EmberError)
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as error:

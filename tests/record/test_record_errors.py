@@ -172,3 +172,61 @@ def test_ambiguous_name_without_extension(tmp_path):
     with pytest.raises(RecordError, match="ambiguous"):
         er.load(None, tmp_path / "twin")
     assert er.BinFileRecorder().load(None, tmp_path / "twin") == {"a": 2}
+
+
+def forged_mpk(record: bytes) -> bytes:
+    """An .mpk file with a valid header and checksum around hand-made record bytes."""
+    import struct
+    import zlib
+
+    import msgpack
+
+    head = {"format": "ember.mpk", "version": 1, "precision": "full"}
+    head.update(ember_version="0", kind="state")
+    body = b"\x87" + b"".join(msgpack.packb(k) + msgpack.packb(v) for k, v in head.items())
+    body += msgpack.packb("record") + record
+    return body + msgpack.packb("crc32") + b"\xce" + struct.pack(">I", zlib.crc32(body))
+
+
+def _many(count: int, item: bytes) -> bytes:
+    return b"".join(item for _ in range(count))
+
+
+FORGED = {
+    "a map declaring a million keys": b"\xdf" + (10**6).to_bytes(4, "big"),
+    "a map holding a million keys": b"\xdf"
+    + (10**6).to_bytes(4, "big")
+    + b"".join(b"\xce" + i.to_bytes(4, "big") + b"\xc0" for i in range(10**6)),
+    "a million empty maps": b"\xdd" + (10**6).to_bytes(4, "big") + _many(10**6, b"\x80"),
+    "eight full maps": b"\x98"
+    + _many(
+        8,
+        b"\xde\xff\xff" + b"".join(b"\xcd" + i.to_bytes(2, "big") + b"\xc0" for i in range(65535)),
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", list(FORGED))
+def test_a_forged_record_is_refused_at_once_in_one_line(tmp_path, shape):
+    import time
+    import tracemalloc
+
+    path = tmp_path / "forged.mpk"
+    path.write_bytes(forged_mpk(FORGED[shape]))
+    elapsed = []
+    for _ in range(3):
+        start = time.perf_counter()
+        with pytest.raises(RecordError) as info:
+            er.load(None, path)
+        elapsed.append(time.perf_counter() - start)
+    message = str(info.value)
+    assert str(path) in message and "\n" not in message
+    assert min(elapsed) < 0.1, elapsed
+    tracemalloc.start()
+    try:
+        with pytest.raises(RecordError):
+            er.load(None, path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak - path.stat().st_size < 100 * 2**20

@@ -36,6 +36,7 @@ from ember.record.arrays import (
     tensor_to_bytes,
     unshuffle_bytes,
 )
+from ember.record.bounded import unpack_bounded
 from ember.record.codec import MSGPACK, KeyPath, decode_tree, encode_tree
 from ember.record.file_recorder import FileRecorder
 from ember.record.format import EncodeOptions, RecordFormat, register
@@ -102,7 +103,7 @@ def _decode(data: bytes) -> Record:
     data_start = _align(meta_end)
     if data_start > len(data):
         raise RecordProblem("the header is longer than the file")
-    meta = msgpack.unpackb(view[_PREFIX.size : meta_end], raw=False, strict_map_key=False)
+    meta = unpack_bounded(view[_PREFIX.size : meta_end])
     header = Header.from_plain(meta, format=FORMAT_NAME, title=TITLE, supported=FORMAT_VERSION)
     if header.version != version:
         raise RecordProblem("the two copies of the format version disagree")

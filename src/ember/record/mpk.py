@@ -24,6 +24,7 @@ from typing import Any
 
 import msgpack
 
+from ember.record.bounded import unpack_bounded
 from ember.record.codec import (
     MSGPACK,
     decode_tree,
@@ -83,7 +84,7 @@ def _decode(data: bytes) -> Record:
     (stored,) = struct.unpack(">I", data[-4:])
     if zlib.crc32(memoryview(data)[:-_TRAILER_SIZE]) != stored:
         raise RecordProblem("the checksum does not match (the file is damaged or truncated)")
-    top = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+    top = unpack_bounded(data)
     header = Header.from_plain(top, format=FORMAT_NAME, title=TITLE, supported=FORMAT_VERSION)
     if "record" not in top:
         raise RecordProblem("the record body is missing")

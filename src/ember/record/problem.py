@@ -18,7 +18,16 @@ class RecordProblem(Exception):
 def record_error(
     path: str | os.PathLike[str], exc: BaseException, *, action: str = "read"
 ) -> RecordError:
-    """Build the user-facing `RecordError` for `exc` raised while handling the file `path`."""
+    """Build the user-facing `RecordError` for `exc` raised while handling the file `path`:
+    one line, whatever the text of `exc` holds."""
+    error = _record_error(path, exc, action)
+    text = str(error)
+    if "\n" in text or "\r" in text:
+        error = RecordError(" ".join(text.split()))
+    return error
+
+
+def _record_error(path: str | os.PathLike[str], exc: BaseException, action: str) -> RecordError:
     if isinstance(exc, RecordProblem):
         return RecordError(f"cannot {action} {os.fspath(path)}: {exc}")
     if isinstance(exc, RecordError):

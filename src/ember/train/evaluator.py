@@ -9,7 +9,7 @@ runs the model over a data set and returns its outputs, concatenated.
 ARTIFACT_DIR/
 ├── evaluation.log              Python logging of the evaluations
 └── test/<name>/
-    ├── <Metric>.log            one "value,weight" line per batch
+    ├── <Metric>.log            one "value,weight,check" line per batch
     ├── <Metric>.json           the count matrix of a matrix metric (confusion matrix)
     └── values.json             {"name", "values", "items", "batches"}
 ```
@@ -203,7 +203,7 @@ class Evaluator:
             )
             self.renderer.start(self._info(name))
             with signal_handlers(self.interrupter):
-                values, items, batches = self._run(processor, step, step_name, loader)
+                values, items, batches, tokens = self._run(processor, step, step_name, loader)
             if values is None:
                 reason = f"stopped: {self.interrupter.message or 'stop requested'}"
                 log.warning(
@@ -219,7 +219,14 @@ class Evaluator:
             logger.close()
             for metric, counts in processor.matrices.items():
                 write_matrix(partial / matrix_file_name(metric), metric, counts)
-            record = {"name": name, "values": values, "items": items, "batches": batches}
+            record: dict[str, Any] = {
+                "name": name,
+                "values": values,
+                "items": items,
+                "batches": batches,
+            }
+            if tokens is not None:
+                record["tokens"] = tokens
             text = json.dumps(record, indent=2) + "\n"
             (partial / "values.json").write_text(text, encoding="utf-8")
             if final.exists():
@@ -228,9 +235,10 @@ class Evaluator:
             partial.rename(final)
             reason = "completed"
             text_values = ", ".join(f"{key} {value!r}" for key, value in values.items())
-            log.info("Evaluation %r (%d items): %s", name, items, text_values or "no metrics")
+            over = counted(items, tokens)
+            log.info("Evaluation %r (%s): %s", name, over, text_values or "no metrics")
             if self.summary:
-                table = summary_table(name, values, items)
+                table = summary_table(name, values, items, tokens)
                 print(table)
                 log.info("%s", table)
             return values
@@ -249,9 +257,10 @@ class Evaluator:
 
     def _run(
         self, processor: MetricsProcessor, step: Any, step_name: str, loader: Iterable[Any]
-    ) -> tuple[dict[str, float] | None, int, int]:
+    ) -> tuple[dict[str, float] | None, int, int, int | None]:
         """Every batch: the step in eval mode under inference mode; the whole-set values
-        (None when a stop came first), the items and the batches seen."""
+        (None when a stop came first), the items and the batches seen, and the tokens
+        when every batch told them (its `num_tokens`, else its output's `tokens`)."""
         total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
         processor.start_split(SPLIT, 1, total)
         planner = BatchPlanner(loader, name="evaluation", exact=False)
@@ -267,14 +276,16 @@ class Evaluator:
                 check=True,
                 stop=self.interrupter.should_stop,
                 count=planner.count,
+                tokens=True,
             )
         if seen.stopped:
-            return None, seen.items, seen.batches
+            return None, seen.items, seen.batches, None
         if seen.batches == 0:
             raise TrainingError(
                 "The evaluation data loader yielded no batch: check that its dataset is not empty."
             )
-        return processor.end_split(), seen.items, seen.batches
+        values = processor.end_split()
+        return values, seen.items, seen.batches, processor.tokens()
 
     def _step(self) -> tuple[Any, str]:
         for name in ("test_step", "valid_step"):
@@ -311,11 +322,19 @@ class Evaluator:
         return predict(self.model, loader, self.device, self._autocast)
 
 
-def summary_table(name: str, values: dict[str, float], items: int) -> str:
+def counted(items: int, tokens: int | None) -> str:
+    """What an evaluation went over: "90 items", or "196 items, 3,920 tokens" when its
+    batches told their tokens (what a loss that is a mean over tokens is weighted by)."""
+    return f"{items:,} items" + (f", {tokens:,} tokens" if tokens is not None else "")
+
+
+def summary_table(
+    name: str, values: dict[str, float], items: int, tokens: int | None = None
+) -> str:
     """The table `summary()` prints after an evaluation."""
     rows = [(metric, format_value(value)) for metric, value in values.items()]
     width = max([len("Metric"), *(len(metric) for metric, _ in rows)])
-    lines = [f"Evaluation {name!r} ({items} items)", f"{'Metric':<{width}}  Value"]
+    lines = [f"Evaluation {name!r} ({counted(items, tokens)})", f"{'Metric':<{width}}  Value"]
     lines += [f"{metric:<{width}}  {value}" for metric, value in rows]
     return "\n".join(lines)
 
@@ -343,9 +362,10 @@ class _EvaluationLogger:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._files: dict[str, Any] = {}
+        self._chains: dict[str, int] = {}  # each file's last check: its next line chains on
 
     def log(self, split: str, epoch: int, records: Sequence[MetricRecord]) -> None:
-        lines = add_lines({}, records)
+        lines = add_lines({}, records, self._chains)
         for name, text in lines.items():
             handle = self._files.get(name)
             if handle is None:
@@ -363,6 +383,7 @@ class _EvaluationLogger:
         for handle in self._files.values():
             handle.close()
         self._files.clear()
+        self._chains.clear()
 
 
 def learner_evaluator(options: LearnerOptions) -> Evaluator:

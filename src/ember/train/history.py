@@ -25,9 +25,9 @@ from ember.train.history_format import (
     epoch_record,
     lost,
     point_record,
-    repair_hint,
     sealed_line,
 )
+from ember.train.history_format import repair_hint as repair_hint
 from ember.train.monitor import History as History
 from ember.train.monitor import Monitor as Monitor
 from ember.train.monitor import Points as Points
@@ -275,9 +275,7 @@ class RunHistory:
 
         def damage(number: int, problem: str) -> None:
             if problems is None:
-                raise RunRecordError(
-                    f"{file}, line {number}: {problem}. {repair_hint(file.parent)}"
-                )
+                raise damaged(file, problem, number)
             problems.append(f"line {number}: {problem}")
 
         lines = data.split(b"\n")
@@ -427,7 +425,8 @@ class RunHistory:
                 atomic_write_bytes(self.path, b"\n".join(lines) + b"\n")
                 self._written, self.file_id, self.lines = self.path, file_id, len(lines)
                 return
-            with open(self.path, "ab") as file:
+            flags = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)  # never a link
+            with open(os.open(self.path, flags), "ab") as file:
                 file.write(sealed_line(record, self.lines + 1) + b"\n")
                 file.flush()
                 sync_later(self.path, file.fileno())

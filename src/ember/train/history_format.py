@@ -67,6 +67,7 @@ def damaged(file: Path, problem: str, line: int | None = None) -> RunRecordError
     where = f"{file}, line {line}" if line is not None else str(file)
     error = RunRecordError(f"{where}: {problem}. {repair_hint(file.parent)}")
     error.problem = f"line {line}: {problem}" if line is not None else problem
+    error.path = file
     return error
 
 

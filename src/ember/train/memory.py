@@ -32,6 +32,27 @@ def device_memory(device: torch.device) -> tuple[int, int] | None:
     return None
 
 
+def host_memory() -> tuple[int, int] | None:
+    """`(available, total)` bytes of the machine's memory (psutil's figures, else Linux's
+    `/proc/meminfo`); None where neither tells."""
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        figures = psutil.virtual_memory()
+        return int(figures.available), int(figures.total)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as file:
+            fields = dict(line.split(":", 1) for line in file if ":" in line)
+        available, total = (
+            int(fields[key].split()[0]) * 1024 for key in ("MemAvailable", "MemTotal")
+        )
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+    return available, total
+
+
 def start_memory_history(max_entries: int) -> None:
     """Record the CUDA allocations and their Python stacks (the last `max_entries`
     events): the post-mortem names the Python line that allocated each block."""

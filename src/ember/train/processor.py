@@ -63,6 +63,15 @@ class MetricsProcessor:
         self._iteration = 0
         self._num_iterations: int | None = None
         self._items = 0
+        """The items of the split's batches in this session (a resumed epoch's earlier
+        ones are `_items_before`)."""
+        self._iterations_before = 0
+        self._items_before = 0
+        self._tokens: int | Tensor | None = None
+        """The tokens of the split so far, when a pass counts them (`count_tokens`) and
+        every batch told them; None otherwise."""
+        self._tokens_lost = False
+        """A batch of the split told no tokens: the split has no token count."""
         self._started = 0.0
         self._next_tick = 0.0
         self._restore: tuple[list[dict[str, Any]], Any] | None = None
@@ -88,16 +97,19 @@ class MetricsProcessor:
         num_iterations: int | None,
         first_iteration: int = 1,
         num_epochs: int | None = None,
+        first_items: int = 0,
     ) -> None:
         """A split of `epoch` starts (after `first_iteration - 1` batches of a resumed
-        one); `num_epochs`: the run's epochs as they stand now."""
+        one, which held `first_items` items: the split's counts go on from them);
+        `num_epochs`: the run's epochs as they stand now."""
         if num_epochs is not None:
             self.num_epochs = num_epochs
         self._split = split
         self._epoch = epoch
-        self._iteration = first_iteration - 1
+        self._iteration = self._iterations_before = first_iteration - 1
         self._num_iterations = num_iterations
-        self._items = 0
+        self._items, self._items_before = 0, first_items
+        self._tokens, self._tokens_lost = None, False
         self._started = time.monotonic()
         self._next_tick = self._started + self.tick
         self._states = self.states.get(split, [])
@@ -213,16 +225,44 @@ class MetricsProcessor:
             self.renderer.update(self.progress(), self.views(), records)
         self._next_tick = time.monotonic() + self.tick
 
-    def progress(self) -> Progress:
+    def count_tokens(self, tokens: int | Tensor | None) -> None:
+        """The tokens of the batch just given to `update`, in a pass that counts them
+        (None: the batch told none, so the split shows no token count). A tensor stays
+        on its device until the split ends."""
+        if tokens is None or self._tokens_lost:
+            self._tokens, self._tokens_lost = None, True
+        else:
+            self._tokens = tokens if self._tokens is None else self._tokens + tokens
+
+    def tokens(self) -> int | None:
+        """The tokens of the split so far (waiting for them if need be), when the pass
+        counts them and every batch told them; None otherwise."""
+        return self._told_tokens(wait=True)
+
+    def _told_tokens(self, wait: bool = False) -> int | None:
+        """The split's tokens on the host (`wait`: read from the device if need be; else
+        None while they are on an accelerator)."""
+        tokens = self._tokens
+        if isinstance(tokens, Tensor):
+            if not wait and not host.on_host(tokens):
+                return None
+            tokens = self._tokens = int(tokens)
+        return tokens
+
+    def progress(self, final: bool = False) -> Progress:
+        """Where the split stands (`final`: at its end, the token count read at last)."""
         return Progress(
             self._split,
             self._epoch,
             self.num_epochs,
             self._iteration,
             self._num_iterations,
-            self._items,
+            self._items_before + self._items,
             time.monotonic() - self._started,
             self.run_progress() if self.run_progress is not None else "",
+            self._iterations_before,
+            self._items_before,
+            self._told_tokens(final),
         )
 
     def launch(self) -> None:
@@ -425,7 +465,7 @@ class MetricsProcessor:
             logger.end_epoch(self._split, self._epoch, aggregates)
         if self.renderer is not None:
             self.renderer.update(self.progress(), self.views(), records)
-            self.renderer.end_split(self.progress(), self.views(final=aggregates))
+            self.renderer.end_split(self.progress(final=True), self.views(final=aggregates))
         return aggregates
 
 

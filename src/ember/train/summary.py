@@ -5,15 +5,19 @@ far, and said so; epochs missing from a history are named, never counted."""
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ember.errors import EmberError
+from ember.printable import printable
 from ember.train.files.artifacts import SPLITS, Artifacts
 from ember.train.files.metric_files import format_value, metric_stem, read_metric_log
 from ember.train.history import RunHistory, repair_hint
 from ember.train.metric.base import weighted_mean
+
+log = logging.getLogger(__name__)
 
 
 def epoch_values(
@@ -41,10 +45,20 @@ def log_means(artifacts: Artifacts) -> dict[tuple[str, str], list[tuple[int, flo
     series: dict[tuple[str, str], list[tuple[int, float]]] = {}
     for split in SPLITS:
         for epoch, stem, path in artifacts.metric_logs(split):
-            lines = read_metric_log(path)
+            lines = _rows(path)
             if lines:
                 series.setdefault((split, stem), []).append((epoch, weighted_mean(lines)))
     return series
+
+
+def _rows(path: Path) -> list[tuple[float, float]]:
+    """A metric log's rows; a damaged log's rows before the damage, with a warning that
+    names the file, the line and the fix."""
+    damage: list[str] = []
+    rows = read_metric_log(path, damage)
+    for problem in damage:
+        log.warning("warning: %s", problem)
+    return rows
 
 
 def point_values(directory: str | os.PathLike[str]) -> dict[str, list[tuple[int, int, float]]]:
@@ -65,7 +79,7 @@ def point_values(directory: str | os.PathLike[str]) -> dict[str, list[tuple[int,
             for path in sorted(folder.glob("*.log")):
                 found = exact.get((epoch, iteration, path.stem))
                 if found is None:
-                    lines = read_metric_log(path)
+                    lines = _rows(path)
                     if not lines:
                         continue
                     found = weighted_mean(lines)
@@ -120,7 +134,7 @@ class MatrixSummary:
             return "| " + " | ".join(c.rjust(w) for c, w in zip(cells, widths)) + " |"
 
         rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-        title = f"{self.name} ({self.split}, epoch {self.epoch})"
+        title = printable(f"{self.name} ({self.split}, epoch {self.epoch})")
         return "\n".join([title, line(header), rule, *(line(row) for row in body)])
 
 
@@ -194,8 +208,8 @@ class LearnerSummary:
         header = ("Split", "Metric", "Min.", "Epoch", "Max.", "Epoch")
         body = [
             (
-                m.split,
-                m.name,
+                printable(m.split),
+                printable(m.name),
                 format_value(m.minimum),
                 str(m.min_epoch),
                 format_value(m.maximum),
@@ -210,12 +224,15 @@ class LearnerSummary:
 
         rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
         model = (
-            f"{self.model}, {self.num_parameters:,} parameters" if self.model else "model unknown"
+            f"{printable(self.model)}, {self.num_parameters:,} parameters"
+            if self.model
+            else "model unknown"
         )
-        ended = f"; outcome: {self.outcome}" if self.outcome is not None else ""
-        lines = [f"Summary of {self.artifact_dir}: {self.epochs} epochs, {model}{ended}"]
+        ended = f"; outcome: {printable(self.outcome)}" if self.outcome is not None else ""
+        where = printable(self.artifact_dir)
+        lines = [f"Summary of {where}: {self.epochs} epochs, {model}{ended}"]
         if self.note is not None:
-            lines.append(f"Note: {self.note}")
+            lines.append(f"Note: {printable(self.note)}")
         lines += [line(header), rule]
         lines += [line(row) for row in body]
         for matrix in self.matrices:

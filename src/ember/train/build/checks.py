@@ -142,13 +142,30 @@ def check_device(
 def check_device_memory(
     model: torch.nn.Module, optimizer: Any, device: torch.device, fsdp: Any, world: int
 ) -> None:
-    """On an accelerator, the parameters, their gradients and the optimizer state (one
-    process's share under FSDP) fit the device's memory (`memory_estimate/fits.py`)."""
-    if not memory.accelerator(device):
-        return
-    from ember.train.memory_estimate.fits import check_states_fit
+    """The parameters, their gradients and the optimizer state (one process's share
+    under FSDP) fit: on an accelerator, the device's memory; on the CPU, the memory the
+    machine has available, before the model is moved there (`memory_estimate/fits.py`)."""
+    if memory.accelerator(device):
+        from ember.train.memory_estimate.fits import check_states_fit
 
-    check_states_fit(model, optimizer, device, fsdp, world)
+        check_states_fit(model, optimizer, device, fsdp, world)
+    elif device.type == "cpu":
+        found = memory.host_memory()
+        if found is None or states_bound(model) <= found[0]:
+            return  # (a plain fit on the CPU imports no estimate)
+        from ember.train.memory_estimate.fits import check_host_fit
+
+        check_host_fit(model, optimizer, fsdp, world, found)
+
+
+def states_bound(model: torch.nn.Module) -> int:
+    """More bytes than a step's states can add to the host's memory: the parameters and
+    buffers not in it yet, gradients of the trainable ones, and an optimizer state three
+    times their size (Adam's with amsgrad)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    away = sum(t.numel() * t.element_size() for t in tensors if t.device.type != "cpu")
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return away + 4 * trainable
 
 
 def check_resume(

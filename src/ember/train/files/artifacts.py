@@ -13,7 +13,7 @@ ARTIFACT_DIR/
 ├── checkpoint/                 the file checkpointer's records (`.epoch-N.next/`: a
 │                               checkpoint of epoch N written whole before it replaces the
 │                               one there)
-├── train/epoch-N/<Metric>.log  one "value,weight" line per iteration
+├── train/epoch-N/<Metric>.log  one "value,weight,check" line per iteration
 ├── train/epoch-N/<Metric>.json the epoch's count matrix of a matrix metric (confusion matrix)
 ├── valid/epoch-N/<Metric>.log  the end-of-epoch validation
 ├── valid/epoch-N/iteration-K/<Metric>.log
@@ -206,7 +206,7 @@ class Artifacts:
         return self.epoch_dir("valid", epoch) / f"iteration-{iteration}"
 
     def point_log(self, epoch: int, iteration: int, name: str) -> Path:
-        """`valid/epoch-N/iteration-K/<Metric>.log`: one `value,weight` line per batch."""
+        """`valid/epoch-N/iteration-K/<Metric>.log`: one `value,weight,check` line per batch."""
         return self.point_dir(epoch, iteration) / metric_file_name(name)
 
     def point_matrix_file(self, epoch: int, iteration: int, name: str) -> Path:
@@ -244,7 +244,7 @@ class Artifacts:
         return self.evaluations / name
 
     def evaluation_metric_log(self, name: str, metric: str) -> Path:
-        """`test/<name>/<Metric>.log`: one `value,weight` line per batch."""
+        """`test/<name>/<Metric>.log`: one `value,weight,check` line per batch."""
         return self.evaluation_dir(name) / metric_file_name(metric)
 
     def evaluation_partial(self, name: str) -> Path:
@@ -284,7 +284,8 @@ class Artifacts:
 
     # Preparing a run ---------------------------------------------------------------
     def check_writable(self) -> None:
-        """Create the directory and check that a run can write in it."""
+        """Create the directory and check that a run can write in it: writable, and no
+        symlink inside it (`check_links`)."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -294,6 +295,21 @@ class Artifacts:
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise TrainingError(
                 f"The artifact directory {self.root} is not writable: fix its permissions or "
+                "choose another directory."
+            )
+        self.check_links()
+
+    def check_links(self, error: type[EmberError] = TrainingError) -> None:
+        """Refuse a directory holding a symlink (to a file or a folder, at any depth):
+        ember writes, appends and deletes only inside the artifact directory, and a
+        write through a link would land outside it. W&B's own folder (`wandb/`) keeps
+        the links W&B makes there; the folder itself may not be one."""
+        link = find_link(self.root, skip=(self.wandb_files,))
+        if link is not None:
+            raise error(
+                f"{link} is a symbolic link: ember never writes or deletes through a link "
+                "inside an artifact directory, whose files would land outside it. Remove "
+                f"the link (or replace it with the folder or file it points to), or "
                 "choose another directory."
             )
 
@@ -372,6 +388,26 @@ class Artifacts:
         """Keep the first `keep` lines of a metric log (a run resumed mid-epoch: later
         lines came after its checkpoint); return their rows. A missing log has none."""
         return truncate_log(self.metric_log(split, epoch, name), keep)
+
+
+def find_link(root: Path, skip: tuple[Path, ...] = ()) -> Path | None:
+    """The first symlink under `root` (never followed), or None; the folders in `skip`
+    are not searched (a link in their place is still found)."""
+    if not root.is_dir():
+        return None
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_symlink():
+                return Path(entry.path)
+            if entry.is_dir(follow_symlinks=False) and Path(entry.path) not in skip:
+                pending.append(Path(entry.path))
+    return None
 
 
 def remove_stale_temporaries(directory: Path) -> None:

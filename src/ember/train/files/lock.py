@@ -146,6 +146,27 @@ class _Seen:
     def same(self, other: _Seen | None) -> bool:
         return other is not None and (self.text, self.identity) == (other.text, other.identity)
 
+    @property
+    def damaged(self) -> bool:
+        """The file holds text but no readable owner: its checksum or its fields are
+        broken (an empty file is one being written where there are no hard links)."""
+        return self.owner is None and bool(self.text.strip())
+
+    def unreadable(self, path: Path) -> str:
+        """What a lock without a readable owner is, and when it is taken over."""
+        at = self.mtime + UNREADABLE_GRACE_S
+        left = max(0.0, at - time.time())
+        when = time.strftime("%H:%M:%S", time.localtime(at))
+        what = (
+            f"the run lock {path} is damaged (it holds no readable process record)"
+            if self.damaged
+            else f"the run lock {path} holds no process record yet"
+        )
+        return (
+            f"{what}; a run takes it over once it is {UNREADABLE_GRACE_S:.0f} s old, at "
+            f"{when} (in {left:.0f} s)"
+        )
+
 
 class RunLock:
     """`ARTIFACT_DIR/.lock` holds the host, pid, process start time and boot id of the
@@ -271,10 +292,16 @@ class RunLock:
         log.warning("%s", self.takeover_message)
 
     def _busy(self, seen: _Seen | None) -> NoReturn:
+        if seen is not None and seen.owner is None:
+            what = seen.unreadable(self.path)
+            raise TrainingError(
+                f"{what[0].upper()}{what[1:]}: try again then. If no process trains in "
+                f"this directory, you may delete {self.path} by hand now."
+            )
         if seen is not None and seen.owner is not None:
             who = seen.owner.describe()
         else:
-            who = "another run (its lock file holds no process record yet)"
+            who = "another run"
         raise TrainingError(
             f"{self.path.parent} is in use by {who} (lock file {self.path}). Wait for that "
             "run to end, stop it, or train in another directory. If that run is no longer "
@@ -434,6 +461,9 @@ class LockState:
     owner: LockOwner | None
     running: bool
     stale_reason: str | None
+    unreadable: str | None = None
+    """For a lock without a readable owner (damaged, or being written): what it is and
+    when a run takes it over; None for a lock naming its owner."""
 
 
 def read_lock(path: str | os.PathLike[str]) -> LockState | None:
@@ -443,4 +473,5 @@ def read_lock(path: str | os.PathLike[str]) -> LockState | None:
     if seen is None:
         return None
     reason = _stale_reason(seen)
-    return LockState(seen.owner, reason is None, reason)
+    unreadable = seen.unreadable(Path(path)) if seen.owner is None else None
+    return LockState(seen.owner, reason is None, reason, unreadable)

@@ -27,13 +27,21 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from pathlib import Path, PurePath
 from typing import Any, Mapping
 
 from ember.durable import atomic_write_bytes
 from ember.errors import ConfigError, RunRecordError
-from ember.train.files.artifacts import SPLITS, Artifacts
+from ember.train.files.artifacts import (
+    SPLITS,
+    Artifacts,
+    checkpoint_epochs,
+    checkpoint_path,
+    staged_checkpoints,
+)
+from ember.train.files.metric_files import MetricLog, metric_file_name, scan_log
 from ember.train.history import RunHistory, damaged
 from ember.train.sealed import SealBroken, seal, unseal
 
@@ -277,6 +285,18 @@ def end_session(artifacts: Artifacts, outcome: str) -> None:
         _write_sessions(artifacts, sessions)
 
 
+def last_outcome(directory: str | os.PathLike[str]) -> str | None:
+    """How the last `fit` of the run in `directory` ended, as `sessions.json` recorded it
+    (its history records the same); None when that fit did not end (it was killed), or
+    the file is missing or damaged."""
+    try:
+        sessions = read_sessions(directory)
+    except RunRecordError:
+        return None
+    last = sessions[-1] if sessions else None
+    return last.outcome if last is not None and last.ended is not None else None
+
+
 def wall_time(sessions: list[Session], running: bool, last_write: float | None) -> float | None:
     """Seconds spent in `fit` over every session. An unfinished last session counts
     until now when the run is `running`, else until `last_write` (the last time the
@@ -317,6 +337,53 @@ def read_records(artifacts: Artifacts) -> SavedRecords:
     return SavedRecords(history, read_sessions(artifacts.root), read_hparams(artifacts.root))
 
 
+def check_open_logs(artifacts: Artifacts, epoch: int, iteration: int) -> None:
+    """The training logs of the epoch a checkpoint stopped inside (after `iteration`
+    batches) must hold the lines that checkpoint counted, whole: a missing, short or
+    damaged one is a `RunRecordError` naming the file, the line and the fix."""
+    counts = _counted_lines(artifacts, epoch, iteration)
+    folder = artifacts.epoch_dir("train", epoch)
+    expected = {metric_file_name(name): count for name, count in counts.items()}
+    for path in sorted({*folder.glob("*.log"), *(folder / name for name in expected)}):
+        keep = expected.get(path.name, iteration)
+        try:
+            found = scan_log(path)
+        except FileNotFoundError:
+            if keep > 0:
+                problem = f"the file is missing; the checkpoint counted {keep} line(s) of it"
+                raise MetricLog(path, [], True, None, problem).error() from None
+            continue
+        except OSError as error:
+            raise RunRecordError(f"{path} cannot be read: {error}.") from None
+        if found.damaged and (found.damaged_line or 0) <= keep:
+            raise found.error()
+        if len(found.rows) < keep:
+            problem = (
+                f"it holds {len(found.rows)} line(s), but the checkpoint counted {keep}: its "
+                f"last {keep - len(found.rows)} line(s) were lost"
+            )
+            raise MetricLog(path, found.rows, found.checked, len(found.rows) + 1, problem).error()
+
+
+def _counted_lines(artifacts: Artifacts, epoch: int, iteration: int) -> dict[str, int]:
+    """The log lines per training metric that the checkpoint of `epoch` taken after
+    `iteration` batches counted (none found: {})."""
+    from ember.record import load
+    from ember.record.file_recorder import EXTENSIONS
+
+    for extension in EXTENSIONS:
+        path = artifacts.checkpoints / f"scheduler-{epoch}.{extension}"
+        if not path.exists():
+            continue
+        try:
+            learner = load(None, path)["learner"]
+            if int(learner.get("iteration") or 0) == iteration:
+                return {str(k): int(v) for k, v in dict(learner.get("log_lines") or {}).items()}
+        except Exception:  # the resume reads the checkpoint and names its damage
+            continue
+    return {}
+
+
 ENDED = ("completed", "stopped", "early_stopped", "pruned", "signal", "preempted", "time_limit")
 """The stop reasons of a run that ended of its own accord or was stopped with a checkpoint:
 `checkpoint("auto")` never replaces one."""
@@ -334,6 +401,9 @@ def check_resume(
     `trained` whole epochs: the history must hold each of them, and every line it had
     when the checkpoint was written (`mark`: the file's id and lines then). `carried`:
     the checkpoint holds the history itself (a run of an ember before the history file)."""
+    inside = re.search(r"iteration (\d+)", where)
+    if inside is not None:  # the logs of the epoch it stopped inside, before any write
+        check_open_logs(artifacts, trained + 1, int(inside.group(1)))
     history, path = records.history, artifacts.history
     if history is None:
         if trained >= 1 and not carried:
@@ -390,3 +460,52 @@ def check_replace(artifacts: Artifacts) -> None:
             "left as it is. Train in another directory, or replace it with "
             "LearnerBuilder(dir, overwrite=True)."
         )
+
+
+# The newest checkpoint, as `ember runs` reads it -----------------------------------------
+def latest_loop_state(artifacts: Artifacts) -> dict[str, Any] | None:
+    """The loop state (`learner`) of the newest checkpoint of the file checkpointer whose
+    state part loads, in any recorder's format (a set staged whole is read first, as the
+    checkpointer reads it); None when there is none."""
+    from ember.record import load
+    from ember.record.file_recorder import EXTENSIONS
+
+    directory, staged = artifacts.checkpoints, staged_checkpoints(artifacts.checkpoints)
+    found: list[tuple[int, Path]] = []
+    for extension in EXTENSIONS:
+        for epoch in set(checkpoint_epochs(directory, "scheduler", extension)).union(staged):
+            paths = [checkpoint_path(directory, "scheduler", epoch, extension)]
+            if epoch in staged:
+                paths.insert(0, checkpoint_path(staged[epoch], "scheduler", epoch, extension))
+            path = next((path for path in paths if path.exists()), None)
+            if path is not None:
+                found.append((epoch, path))
+    for _, path in sorted(found, key=lambda entry: entry[0], reverse=True):
+        try:
+            learner = load(None, path)["learner"]
+            if isinstance(learner, dict) and "epoch" in learner and "complete" in learner:
+                return learner
+        except Exception:  # a damaged checkpoint says nothing: the one before it may
+            continue
+    return None
+
+
+def check_latest(artifacts: Artifacts, history: RunHistory | None) -> None:
+    """What a resume from the newest checkpoint checks of the run's history before it
+    writes anything (`check_resume`): a `RunRecordError` naming the damage and the fix;
+    nothing when there is no checkpoint."""
+    from ember.train.length.position import Position
+
+    learner = latest_loop_state(artifacts)
+    if learner is None:
+        return
+    try:
+        start = Position.from_state(learner)
+    except (KeyError, TypeError, ValueError):
+        return
+    where = f"epoch {learner['epoch']}" + (
+        f", iteration {start.iteration}" if start.iteration else ""
+    )
+    records = SavedRecords(history, [], None)
+    mark = learner.get("history_mark")
+    check_resume(records, artifacts, start.epoch - 1, where, mark, "history" in learner)

@@ -114,6 +114,7 @@ def end_epoch(parts: FitParts, state: FitState, values: EpochValues) -> Outcome 
             text = ", ".join(f"{name} {value!r}" for name, value in split_values.items())
             log.info("Epoch %d %s: %s", epoch, split, text)
     parts.history.add_epoch(epoch, values, state.counters.state())
+    state.ended_epoch = epoch
     if parts.length.train_for is not None:
         log.info("Progress after epoch %d: %s.", epoch, parts.length.progress_text())
     parts.optim.lr.end_epoch(values)  # an epoch-wise schedule steps before the checkpoint

@@ -71,18 +71,21 @@ def run_pass(
     each: Callable[[int, Any], None] | None = None,
     stop: Callable[[], bool] | None = None,
     count: Callable[[Any], int] = own_count,
+    tokens: bool = False,
 ) -> Pass:
     """Run `step` on every batch (moved to `device`) and update the metrics with its
     output (a stand-in's is not counted); `check`: the first output is checked
     against the metrics first (with `only_check`, that is all: one batch, no update);
     `each` is told of every batch (its number and output); `stop` is asked after each;
-    `count` gives each batch's items (the loader's count, `EpochPlan.count`)."""
+    `count` gives each batch's items (the loader's count, `EpochPlan.count`); `tokens`:
+    the processor counts each batch's tokens too (`batch_tokens`)."""
     move = device.type != "cpu"
     seen = Pass()
     for iteration, batch in enumerate(batches, start=1):
         stand_in = type(batch) is StandIn  # only to join the others' gathers (FSDP)
         if stand_in:
             batch = batch.batch
+        told = getattr(batch, "num_tokens", None) if tokens else None
         if move:
             batch = to_device(batch, device)
         item = call_step(step, batch, step_name, epoch, iteration)
@@ -95,6 +98,8 @@ def run_pass(
                 break
         size = count(batch)
         processor.update(item, iteration, size, None)
+        if tokens:
+            processor.count_tokens(batch_tokens(told, item))
         seen.items, seen.batches = seen.items + size, iteration
         if each is not None:
             each(iteration, item)
@@ -102,6 +107,18 @@ def run_pass(
             seen.stopped = True
             break
     return seen
+
+
+def batch_tokens(told: Any, item: Any) -> int | torch.Tensor | None:
+    """The tokens of an evaluated batch, as training counts them: the batch's
+    `num_tokens` (an int), else its output's `tokens` (an int or a tensor); None when
+    neither tells."""
+    if isinstance(told, int) and not isinstance(told, bool):
+        return told
+    found = getattr(item, "tokens", None)
+    if isinstance(found, torch.Tensor) or (isinstance(found, int) and not isinstance(found, bool)):
+        return found
+    return None
 
 
 def check_not_empty(loader: Iterable[Any], what: str, fix: str) -> None:

@@ -4,8 +4,9 @@ callbacks get their hooks, with the context updated first (`FitEvents`).
 `EndEpoch` reaches the listeners after the epoch's checkpoint is written: a listener
 whose state changes then (or that changes the learning-rate schedule's) makes a
 decision no checkpoint holds, so a resumed run would not end like a straight one.
-`FitEvents.end_epoch` compares their `state_dict()` before and after and says so once
-per run, naming the callback hook that runs before the checkpoint."""
+`FitEvents.end_epoch` compares their `state_dict()` (and the schedule's) before and
+after each listener and says so once per run, naming that listener and the callback
+hook that runs before the checkpoint."""
 
 from __future__ import annotations
 
@@ -59,36 +60,43 @@ class FitEvents:
             self.callbacks.update(values={split: dict(v) for split, v in values.items()})
 
     def end_epoch(self, event: EndEpoch, schedule: Any) -> None:
-        """Send `EndEpoch` (after the epoch's checkpoint); a listener, or the
-        learning-rate `schedule`, whose state changed meanwhile is reported once."""
+        """Send `EndEpoch` (after the epoch's checkpoint); the first listener that changes
+        its own state, or the learning-rate `schedule`'s, meanwhile is reported once,
+        by its name: it is the one to move."""
         if not self.watch_end_epoch:
             self.emit(event)
             return
-        watched = [
-            (f"The listener {type(listener).__name__}", listener)
-            for listener in self.listeners
-            if callable(getattr(listener, "state_dict", None))
-        ]
-        if callable(getattr(schedule, "state_dict", None)) and all(
-            schedule is not other for _, other in watched
+        if not callable(getattr(schedule, "state_dict", None)) or any(
+            schedule is listener for listener in self.listeners
         ):
-            watched.append((f"The learning-rate schedule {type(schedule).__name__}", schedule))
-        before = [snapshot(part.state_dict()) for _, part in watched]
-        self.emit(event)
-        for (name, part), saved in zip(watched, before):
-            if not same_state(saved, part.state_dict()):
-                self.watch_end_epoch = False
-                log.warning(
-                    "%s changed its state (state_dict) when the listeners received EndEpoch "
-                    "of epoch %d, which comes after the epoch's checkpoint: the checkpoint "
-                    "does not hold that change, so a run resumed from it would not end like "
-                    "one never stopped. Make the decision in a callback's on_epoch_end "
-                    "(LearnerBuilder.callback), which runs before the checkpoint and sees "
-                    "the epoch's values in ctx.values.",
-                    name,
-                    event.epoch,
-                )
-                return
+            schedule = None  # (a schedule that listens is watched as a listener)
+        for listener in self.listeners:
+            if not self.watch_end_epoch:
+                listener.on_event(event)
+                continue
+            own = callable(getattr(listener, "state_dict", None))
+            before = snapshot(listener.state_dict()) if own else None
+            rate = snapshot(schedule.state_dict()) if schedule is not None else None
+            listener.on_event(event)
+            name = f"The listener {type(listener).__name__}"
+            if own and not same_state(before, listener.state_dict()):
+                self._report(f"{name} changed its state (state_dict)", event.epoch)
+            elif schedule is not None and not same_state(rate, schedule.state_dict()):
+                what = f"the learning-rate schedule {type(schedule).__name__}"
+                self._report(f"{name} changed the state of {what} (its state_dict)", event.epoch)
+
+    def _report(self, change: str, epoch: int) -> None:
+        """Say once that a listener made a decision no checkpoint holds."""
+        self.watch_end_epoch = False
+        log.warning(
+            "%s when the listeners received EndEpoch of epoch %d, which comes after the "
+            "epoch's checkpoint: the checkpoint does not hold that change, so a run resumed "
+            "from it would not end like one never stopped. Make the decision in a callback's "
+            "on_epoch_end (LearnerBuilder.callback), which runs before the checkpoint and sees "
+            "the epoch's values in ctx.values.",
+            change,
+            epoch,
+        )
 
     def epochs(self, num_epochs: int) -> None:
         """The run's epoch count (raised when a length in steps runs on)."""

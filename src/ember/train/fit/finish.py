@@ -42,7 +42,7 @@ def after_training(
     print the summary; return the whole state of a sharded model, gathered on rank 0
     before the group closes (None when the model is not sharded)."""
     options, dist = parts.options, parts.dist
-    log.info("Training %s after epoch %d.", reason, state.epoch)
+    log.info("Training %s %s.", reason, state.where)
     if options.preemption is not None:  # requeue a preempted SLURM job
         again = (StopReason.PREEMPTED, StopReason.TIME_LIMIT)
         unfinished = isinstance(reason, Outcome) and reason.reason in again

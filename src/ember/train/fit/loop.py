@@ -81,7 +81,9 @@ class TrainLoop:
         start, epoch, dist, processor = plan.start, plan.start.epoch, parts.dist, parts.processor
         parts.model.train()
         epoch_end.start_split(parts, "train", epoch, start.iteration + 1)
-        processor.start_split("train", epoch, plan.total, start.iteration + 1, state.num_epochs)
+        processor.start_split(
+            "train", epoch, plan.total, start.iteration + 1, state.num_epochs, start.items
+        )
         if start.iteration:  # resumed mid-epoch: the epoch so far comes back
             if parts.main:
                 self.resume_logs(start, parts.resume.log_lines)

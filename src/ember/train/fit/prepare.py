@@ -289,6 +289,7 @@ def load_history(
         if saved is not None:
             history.epochs = saved.epochs
             history.checkpoints = saved.checkpoints
+            history.repairs = saved.repairs  # what `ember repair` did stays said
             history.points = saved.points
             history.counters = saved.counters
             history.point_counters = saved.point_counters

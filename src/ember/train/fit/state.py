@@ -46,6 +46,17 @@ class FitState:
     token_mean: bool = False
     """The steps' losses are means over tokens: each batch's gradient is weighted by them."""
     ending: Outcome | EndedInside | None = None
+    ended_epoch: int = 0
+    """The last epoch whose end this fit reached (its values recorded); the fit stopped
+    inside `epoch` when it is not that one and batches of `epoch` were done."""
+
+    @property
+    def where(self) -> str:
+        """Where the fit stands, in words: "after epoch 2", or "after epoch 3, iteration
+        40" inside an epoch (as the checkpoint of that point is named)."""
+        if self.iteration and self.ended_epoch != self.epoch:
+            return f"after epoch {self.epoch}, iteration {self.iteration}"
+        return f"after epoch {self.epoch}"
 
     @property
     def counters(self) -> Counters:

@@ -13,6 +13,7 @@ from ember.train.files.metric_files import (
     add_lines,
     format_value,
     format_weight,
+    last_check,
     metric_file_name,
     metric_log_path,
     read_metric_log,
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 _EPOCH_DIR = re.compile(r"epoch-(\d+)")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class FileMetricLogger:
@@ -50,6 +52,8 @@ class FileMetricLogger:
         self.then = then
         """What to do once a failed write is fixed (e.g. how to resume), said in its error."""
         self._files: dict[tuple[int, str], IO[str]] = {}
+        self._chains: dict[int, dict[str, int]] = {}
+        """Per epoch, each open file's last check, where its next line chains on."""
 
     def path(self, epoch: int, name: str) -> Path:
         return metric_log_path(self.directory, epoch, name)
@@ -60,8 +64,11 @@ class FileMetricLogger:
         if handle is None:
             path = self.path(epoch, name)
             path.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the epoch
+            # a link put in the file's place is refused, never followed out of the run
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o644)
+            handle = open(fd, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the epoch
             self._files[key] = handle
+            self._chains.setdefault(epoch, {})[name] = last_check(path)  # a resumed epoch
         return handle
 
     def start_run(self, run: RunStart) -> None:
@@ -77,8 +84,11 @@ class FileMetricLogger:
                 shutil.rmtree(entry)
 
     def log(self, split: str, epoch: int, records: Sequence[MetricRecord]) -> None:
-        lines = add_lines({}, records)
         try:
+            for name in {record.name for record in records}:  # open, its chain known
+                if (epoch, name) not in self._files:
+                    self._file(epoch, name)
+            lines = add_lines({}, records, self._chains.setdefault(epoch, {}))
             for name, text in lines.items():  # one write and one flush per file
                 handle = self._file(epoch, name)
                 handle.write("".join(text))
@@ -93,8 +103,10 @@ class FileMetricLogger:
     def end_epoch(self, split: str, epoch: int, aggregates: dict[str, float]) -> None:
         for file_epoch, name in [key for key in self._files if key[0] == epoch]:
             self._files.pop((file_epoch, name)).close()
+        self._chains.pop(epoch, None)
 
     def close(self) -> None:
         for handle in self._files.values():
             handle.close()
         self._files.clear()
+        self._chains.clear()

@@ -1,8 +1,9 @@
 """What a run does with the memory estimate: `learner_estimate` (the run's options,
 one FSDP process's share), `start_estimate` (a fit's first step on an accelerator: a
 line in the log and, under `grads_accumulation("auto")`, the split whose estimate fits
-the free memory), and `check_states_fit` (`build()` on an accelerator: the parameters,
-gradients and optimizer state against the device's memory)."""
+the free memory), `check_states_fit` (`build()` on an accelerator: the parameters,
+gradients and optimizer state against the device's memory) and `check_host_fit`
+(`build()` on the CPU: the same against the memory the machine has available)."""
 
 from __future__ import annotations
 
@@ -251,4 +252,64 @@ def check_states_fit(
         f"({size_text(state)}) take {size_text(share)}{' ' + each if each else ''} before any "
         f"activation. What would fit:{listing}\nA smaller batch does not help here: none of "
         "these depend on it (it shrinks the activations, once these fit)."
+    )
+
+
+def check_host_fit(
+    model: torch.nn.Module,
+    optimizer: Any,
+    fsdp: FsdpOptions | None,
+    world: int,
+    found: tuple[int, int],
+) -> None:
+    """On the CPU, before the model is moved there: refuse a model whose parameters,
+    gradients and optimizer state (one process's share under FSDP) need more than the
+    memory the machine has available (`found`: its available and total bytes; what the
+    model holds in host memory already counts as available to it), naming the figures
+    and what would fit."""
+    available, total = found
+    params, grads, state = state_figures(model, optimizer, torch.device("cpu"))
+    tensors = [*model.parameters(), *model.buffers()]
+    held = sum(
+        {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in tensors
+            if t.device.type == "cpu"
+        }.values()
+    )
+    whole = params + grads + state
+    shards = world if fsdp is not None else 1
+    share = math.ceil(whole / shards)
+    room = available + held
+    if share <= room:
+        return
+    each = " per process" if shards > 1 else ""
+    fixes = []
+    if any(p.dtype == torch.float32 for p in model.parameters()) and share / 2 <= room:
+        fixes.append(
+            f"the weights in bfloat16 (model.to(torch.bfloat16)): {size_text(share / 2)}{each} "
+            "(mixed_precision('bf16') alone keeps float32 weights: it halves the activations, "
+            "not these)"
+        )
+    plain = math.ceil((params + grads) / shards)
+    if state and plain <= room:
+        fixes.append(
+            f"an optimizer that keeps no state (SgdConfig() without momentum): "
+            f"{size_text(plain)}{each}"
+        )
+    machines = max(2, math.ceil(whole / max(1.0, available * (1 - MARGIN))))
+    fixes.append(
+        f"FSDP over {machines} machines like this one (one process each, "
+        f"devices(['cpu'], strategy='fsdp') under torchrun --nnodes {machines}): "
+        f"{size_text(whole / machines)} per machine"
+    )
+    already = f", {size_text(held)} of it in memory already" if held else ""
+    listing = "".join(f"\n  - {fix}" for fix in fixes)
+    raise ConfigError(
+        f"{type(model).__name__} does not fit in the CPU's memory: its parameters "
+        f"({size_text(params)}), their gradients ({size_text(grads)}) and the optimizer "
+        f"state ({size_text(state)}) take {size_text(share)}{each} before any activation"
+        f"{already}, and the machine has {size_text(available)} available (of "
+        f"{size_text(total)}). What would fit:{listing}\nA smaller batch does not help "
+        "here: none of these depend on it (it shrinks the activations, once these fit)."
     )

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+from ember.printable import printable, printable_lines
 from ember.train.logger.base import MetricRecord
 
 
@@ -45,6 +46,18 @@ class RunInfo:
         return "training" if self.evaluation is None else f"evaluation {self.evaluation!r}"
 
 
+def printable_info(info: RunInfo) -> RunInfo:
+    """`info` with the texts that come from outside ember (the model's class name, the
+    directory, the devices, the model summary) escaped for a terminal."""
+    return replace(
+        info,
+        artifact_dir=printable(info.artifact_dir),
+        model_name=printable(info.model_name),
+        devices=tuple(map(printable, info.devices)),
+        model_summary=printable_lines(info.model_summary),
+    )
+
+
 @dataclass(frozen=True)
 class Progress:
     """Where a split stands within its epoch."""
@@ -59,10 +72,24 @@ class Progress:
     run: str = ""
     """The run's progress in the unit of its length (`train_for`), e.g. "samples
     1.2M/5M"; empty for a length in epochs."""
+    iterations_before: int = 0
+    """Of `iteration`, the batches a resumed epoch had done before this session (the
+    epoch's counts hold them; the rates, measured over `elapsed`, do not)."""
+    items_before: int = 0
+    """Of `items`, those of the batches a resumed epoch had done before this session."""
+    tokens: int | None = None
+    """The tokens of the split so far, when every batch of an evaluation pass told them
+    (the batch's `num_tokens`, else its output's `tokens`); None otherwise."""
 
     @property
     def items_per_second(self) -> float:
-        return self.items / self.elapsed if self.elapsed > 0 else 0.0
+        done = self.items - self.items_before
+        return done / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def iterations_per_second(self) -> float:
+        done = self.iteration - self.iterations_before
+        return done / self.elapsed if self.elapsed > 0 else 0.0
 
 
 @dataclass(frozen=True)

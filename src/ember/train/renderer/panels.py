@@ -128,6 +128,8 @@ def status_panel(snapshot: Snapshot, width: int, height: int) -> list[Line]:
         total = f"/{progress.num_iterations}" if progress.num_iterations else ""
         rows.append(("iteration", f"{progress.iteration}{total}", ""))
         rows.append(("items", f"{progress.items:,}", ""))
+        if progress.tokens is not None:
+            rows.append(("tokens", f"{progress.tokens:,}", ""))
         if progress.run:
             unit, _, done = progress.run.partition(" ")
             rows.append((unit, done, ""))

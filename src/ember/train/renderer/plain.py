@@ -8,8 +8,9 @@ import sys
 import time
 from typing import IO, Sequence
 
+from ember.printable import printable
 from ember.train.logger.base import MetricRecord
-from ember.train.renderer.base import MetricView, Progress, RunInfo
+from ember.train.renderer.base import MetricView, Progress, RunInfo, printable_info
 from ember.train.renderer.format import format_duration, format_number
 
 DEFAULT_INTERVAL = 10.0
@@ -54,7 +55,7 @@ class PlainRenderer:
 
     def start(self, info: RunInfo) -> None:
         self._last = time.monotonic()
-        self._info = info
+        self._info = info = printable_info(info)
         where = f"epoch {info.start_epoch}/{info.num_epochs}"
         if info.resumed and info.start_iteration:
             where += f", iteration {info.start_iteration}"
@@ -79,7 +80,7 @@ class PlainRenderer:
         total = progress.num_iterations
         if total:
             position = f"iter {progress.iteration}/{total} ({100 * progress.iteration // total}%)"
-            rate = progress.iteration / progress.elapsed if progress.elapsed > 0 else 0.0
+            rate = progress.iterations_per_second
             eta = f"  eta {format_duration((total - progress.iteration) / rate)}" if rate else ""
         else:
             position, eta = f"iter {progress.iteration}", ""
@@ -103,7 +104,7 @@ class PlainRenderer:
         if self._info is not None and self._info.evaluation is not None:
             what = self._info.noun
         self._write(
-            f"{what} done: {progress.iteration} iterations, {progress.items:,} items{run} in "
+            f"{what} done: {progress.iteration} iterations, {_counts(progress)}{run} in "
             f"{format_duration(progress.elapsed)}  {values}".rstrip()
         )
         self._last = time.monotonic()
@@ -115,25 +116,31 @@ class PlainRenderer:
         values = _values("valid", metrics)
         self._write(
             f"valid epoch {progress.epoch}/{progress.num_epochs} at iteration {iteration}: "
-            f"{progress.iteration} iterations, {progress.items:,} items in "
+            f"{progress.iteration} iterations, {_counts(progress)} in "
             f"{format_duration(progress.elapsed)}  {values}".rstrip()
         )
 
     def notice(self, text: str) -> None:
         """A warning about the run, shown once (`experiment.log` has it too)."""
-        self._write(f"warning: {text}")
+        self._write(f"warning: {printable(text)}")
 
     def end(self, reason: str) -> None:
         info, self._info = self._info, None
         if info is not None and info.evaluation is not None and reason == "completed":
             return  # "evaluation 'name' done" said it
-        self._write(f"{info.noun if info is not None else 'training'} {reason}")
+        self._write(f"{info.noun if info is not None else 'training'} {printable(reason)}")
+
+
+def _counts(progress: Progress) -> str:
+    """ "200 items", or "200 items, 3,120 tokens" when the batches told their tokens."""
+    tokens = f", {progress.tokens:,} tokens" if progress.tokens is not None else ""
+    return f"{progress.items:,} items{tokens}"
 
 
 def _values(split: str, metrics: Sequence[MetricView]) -> str:
     """`Name value unit` for each metric of `split` (epoch value when known)."""
     return "  ".join(
-        f"{m.name} {format_number(m.epoch_value if m.epoch_value is not None else m.last, m.unit)}"
+        f"{printable(m.name)} {format_number(m.epoch_value if m.epoch_value is not None else m.last, m.unit)}"
         for m in metrics
         if m.split == split
     )

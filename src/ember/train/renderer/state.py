@@ -12,8 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from ember.printable import printable
 from ember.train.logger.base import MetricRecord
-from ember.train.renderer.base import MetricView, Progress, RunInfo
+from ember.train.renderer.base import MetricView, Progress, RunInfo, printable_info
 from ember.train.renderer.format import format_number
 from ember.train.renderer.history import EpochValues, History, HistoryView
 
@@ -212,7 +213,7 @@ class RunTracker:
     def start(self, info: RunInfo) -> None:
         """A new run: forget the previous one, note the registered metrics."""
         self._clear()
-        self.info = info
+        self.info = info = printable_info(info)
         self.started_at = time.monotonic()
         for _, name, unit, numeric in info.metrics:
             self.units.setdefault(name, unit)
@@ -291,7 +292,7 @@ class RunTracker:
 
     def end(self, reason: str) -> None:
         """The run ended (`reason`: completed, stopped: ..., failed, interrupted)."""
-        self.reason = reason
+        self.reason = printable(reason)
         self.ended_at = time.monotonic()
 
     # Reading ----------------------------------------------------------------------
@@ -378,7 +379,7 @@ class RunTracker:
         """The notice "stopping: <why>" while a graceful stop is pending, else None."""
         interrupter = self.info.interrupter if self.info is not None else None
         if interrupter is not None and interrupter.should_stop():
-            return f"stopping: {interrupter.message}"
+            return f"stopping: {printable(interrupter.message)}"
         return None
 
     def snapshot(

@@ -113,8 +113,9 @@ class TuiRenderer:
         # rich's shared console: rich.print and RichHandler output then show above the dashboard.
         console = self.console if self.console is not None else get_console()
         self.console = console
-        if info.model_summary:  # into the scrollback, above the dashboard
-            console.print(info.model_summary, markup=False, highlight=False, soft_wrap=True)
+        summary = self._run.info.model_summary if self._run.info is not None else ""
+        if summary:  # into the scrollback, above the dashboard
+            console.print(summary, markup=False, highlight=False, soft_wrap=True)
         if console.is_terminal and not console.is_dumb_terminal:
             # A clean screen: what was printed so far scrolls up into the terminal's
             # history (none of it shows as cut rows above the dashboard), and the
