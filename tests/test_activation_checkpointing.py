@@ -151,4 +151,4 @@ def test_under_two_processes_the_weights_are_those_without_it(tmp_path):
     for key, value in runs["plain"].items():
         torch.testing.assert_close(runs["recomputed"][key], value, rtol=0, atol=0)
     log = (tmp_path / "recomputed" / "experiment.log").read_text()
-    assert "activation checkpointing (Linear), 2 processes (gloo)" in log
+    assert "activation checkpointing (Linear), 2 processes (gloo, launched by ember)" in log

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,92 @@ def test_a_stop_on_one_rank_stops_both_at_the_same_step_and_resumes_exactly(tmp_
     ours = weights(run)
     for name, value in weights(straight).items():
         assert torch.equal(ours[name], value), name
+
+
+FAKE_SCONTROL = """#!/bin/sh
+echo "$@" >> "{log}"
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", [1, 0])
+def test_a_preemption_signal_on_any_rank_preempts_every_rank_and_requeues_once(tmp_path, rank):
+    """SIGUSR1 to one rank (SLURM may deliver it to one task): every rank stops at the
+    same step as `preempted`, exits 138, one checkpoint is written, and rank 0 alone
+    asks SLURM to requeue the job, once."""
+    bin_dir, calls, pids = tmp_path / "bin", tmp_path / "scontrol.txt", tmp_path / "pids"
+    bin_dir.mkdir()
+    pids.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(FAKE_SCONTROL.format(log=calls))
+    scontrol.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    run = tmp_path / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        str(SCRIPT),
+        str(run),
+        "--loader",
+        "distributed",
+        "--epochs",
+        "3",
+        "--slow",
+        "0.05",
+        "--preemption",
+        "SIGUSR1",
+        "--pids",
+        str(pids),
+    ]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        target = pids / f"pid-{rank}"
+        while not target.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert target.exists(), process.communicate(timeout=60)
+        os.kill(int(target.read_text()), signal.SIGUSR1)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert [(pids / f"exit-{r}").read_text() for r in (0, 1)] == ["138", "138"], err[-3000:]
+    report = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    assert report["outcome"] == "preempted: SIGUSR1"
+    first, second = report["stops"]
+    assert first == second  # the same step on both ranks
+    assert calls.read_text() == "requeue 4242\n"  # once, by rank 0
+    log = (run / "experiment.log").read_text()
+    assert "Requeued SLURM job 4242" in log
+    assert "Training preempted: SIGUSR1 after epoch" in log
+    if rank == 1:
+        assert "Every process stops after this step: preempted by SIGUSR1 on rank 1." in log
+    assert log.count("Checkpoint of epoch") - log.count("Checkpoint of epoch 1 written") <= 1
+    lines = (run / "history.jsonl").read_text().splitlines()
+    reasons = [json.loads(line)["stop_reason"] for line in lines if '"stop_reason"' in line]
+    assert reasons[-1] == {"reason": "preempted", "signal": int(signal.SIGUSR1)}
+    listed = subprocess.run(
+        [sys.executable, "-m", "ember.cli", "runs", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    row = next(line for line in listed.stdout.splitlines() if line.startswith("| run "))
+    assert [cell.strip() for cell in row.split("|")[1:3]] == ["run", "preempted"]

@@ -78,7 +78,7 @@ def test_two_processes_at_batch_b_match_one_process_at_batch_2b(tmp_path, one_pr
     for name, value in final(one_process).items():
         torch.testing.assert_close(final(tmp_path / "two")[name], value, rtol=1e-5, atol=1e-6)
     log = (tmp_path / "two" / "experiment.log").read_text()
-    assert "2 processes (gloo), rank 0 writes the artifacts" in log
+    assert "2 processes (gloo, launched by ember), rank 0 writes the artifacts" in log
     assert not (tmp_path / "two" / ".lock").exists()
 
 
@@ -200,7 +200,7 @@ def test_two_torchrun_nodes_write_one_artifact_directory(tmp_path, strategy):
     assert files.count("experiment.log") == 1
     assert "train/epoch-3/Loss.log" in files and "final.mpk" in files
     log = (tmp_path / "run" / "experiment.log").read_text()
-    assert "2 processes (gloo)" in log
+    assert "2 processes (gloo, launched by torchrun)" in log
     assert ("parameters sharded (FSDP" in log) == (strategy == "fsdp")
     lines = (tmp_path / "run" / "train" / "epoch-1" / "Loss.log").read_text().splitlines()
     assert sum(int(line.split(",")[1]) for line in lines) == 203  # both nodes' samples, once each

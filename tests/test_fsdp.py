@@ -86,8 +86,8 @@ def test_fsdp_ddp_and_one_process_train_alike_at_the_same_global_batch(tmp_path)
     log = (tmp_path / "fsdp" / "experiment.log").read_text()
     assert "Training Linear (467 parameters)" in log
     assert (
-        "2 processes (gloo), rank 0 writes the artifacts, parameters sharded (FSDP; units: Block)"
-        in log
+        "2 processes (gloo, launched by ember), rank 0 writes the artifacts, parameters "
+        "sharded (FSDP; units: Block)" in log
     )
 
 
@@ -198,7 +198,7 @@ def test_hsdp_on_a_2_by_2_mesh_trains_as_fsdp_and_one_process(tmp_path):
         for key, value in final(tmp_path / reference).items():
             torch.testing.assert_close(weights[key], value, rtol=0, atol=1e-5)
     log = (tmp_path / "hsdp" / "experiment.log").read_text()
-    assert "4 processes (gloo)" in log
+    assert "4 processes (gloo, launched by ember)" in log
     assert "parameters sharded (HSDP; units: Block; shard groups of 2 processes;" in log
     # the first copy's two processes wrote the shards, which load into a plain model
     checkpoints = tmp_path / "hsdp" / "checkpoint"
@@ -224,7 +224,10 @@ def test_fsdp_on_two_gpus_trains_as_ddp_and_its_checkpoint_resumes_on_one(tmp_pa
     reference = final(tmp_path / "ddp")
     for key, value in final(tmp_path / "fsdp").items():  # NCCL sums in its own order
         torch.testing.assert_close(value, reference[key], rtol=1e-4, atol=1e-5)
-    assert "2 processes (nccl)" in (tmp_path / "fsdp" / "experiment.log").read_text()
+    assert (
+        "2 processes (nccl, launched by ember)"
+        in (tmp_path / "fsdp" / "experiment.log").read_text()
+    )
     args = ("--processes", "1", "--batch", "32", "--device", "cuda", "--epochs", "3", "--resume")
     finish(start(tmp_path / "fsdp", *args))  # the whole state, gathered from the GPUs
     assert (

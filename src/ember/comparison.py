@@ -236,9 +236,10 @@ def _status(
     text = str(outcome)
     if text == "completed":
         return "completed", "completed"
-    for status in ("stopped early", "stopped", "pruned", "interrupted", "failed"):
+    for status in ("stopped early", "stopped", "preempted", "pruned", "interrupted", "failed"):
         if text.startswith(status):
-            return status, text + (hint if status in ("stopped", "interrupted", "failed") else "")
+            resumes = ("stopped", "preempted", "interrupted", "failed")
+            return status, text + (hint if status in resumes else "")
     return "unknown", text
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ember.environment import existing_group
+from ember.environment import LaunchError, existing_group, placement
 
 
 def is_main_process() -> bool:
@@ -13,4 +13,8 @@ def is_main_process() -> bool:
     group = existing_group()
     if group is not None:
         return group[0] == 0
-    return os.environ.get("RANK", "0") == "0"
+    try:
+        found = placement()
+    except LaunchError:  # refused when training starts, with the fix
+        return os.environ.get("RANK", "0") == "0"
+    return found is None or found.rank == 0

@@ -7,8 +7,10 @@ over a DistributedSampler), `plain` (a torch DataLoader, unshuffled), `shuffled`
 shuffled torch DataLoader), `subclass` (a DataLoader subclass). `--no-group` leaves
 the process group to ember. `--stop-at N` asks rank 1 to stop after its N-th step of
 an epoch, `--slow S` sleeps S seconds after each step, `--resume` resumes from the
-latest checkpoint. Every collective torch.distributed is asked for is counted, and rank 0 prints
-one JSON line: the steps of the first epoch and the collectives issued between its
+latest checkpoint, `--preemption SIG` sets preemption(SIG, requeue=True), `--pids D`
+has each process write D/pid-RANK at its second step and D/exit-RANK at its end.
+Every collective torch.distributed is asked for is counted, and rank 0 prints one
+JSON line: the steps of the first epoch and the collectives issued between its
 second step and its last (DDP's gradient reduction, made by its C++ reducer, is not
 among them), whether the process group is still there after `fit`, the stop's epoch
 and iteration on every rank.
@@ -33,6 +35,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 import ember
 from ember.data import DataLoaderBuilder
+from ember.environment import placement
 from ember.optim import SgdConfig
 from ember.record import DefaultRecorder
 from ember.train import LearnerBuilder, ProcessedItem
@@ -97,9 +100,11 @@ class Window:
     """Counts the collectives between the second and the last step of epoch 1, and
     stops on rank 1 after its `stop_at`-th step."""
 
-    def __init__(self, steps: int, interrupter, stop_at: int | None, slow: float) -> None:
+    def __init__(
+        self, steps: int, interrupter, stop_at: int | None, slow: float, pids: str | None
+    ) -> None:
         self.steps, self.interrupter, self.stop_at = steps, interrupter, stop_at
-        self.slow = slow
+        self.slow, self.pids = slow, pids
         self.first = self.last = None
         self.stopped: tuple[int, int] | None = None
 
@@ -111,6 +116,8 @@ class Window:
         if event.epoch == 1 and event.iteration == self.steps:
             self.last = CALLS["count"]
         self.stopped = (event.epoch, event.iteration)
+        if self.pids is not None and event.iteration == 2:  # training: signals are handled
+            Path(self.pids, f"pid-{os.environ['RANK']}").write_text(str(os.getpid()))
         time.sleep(self.slow)
         rank = dist.get_rank() if dist.is_initialized() else 0
         if self.stop_at is not None and rank == 1 and event.iteration == self.stop_at:
@@ -128,6 +135,10 @@ def main() -> int:
     parser.add_argument("--stop-at", type=int)
     parser.add_argument("--slow", type=float, default=0.0)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--preemption", help="SIGUSR1 or SIGTERM: preemption(signal, requeue=True)")
+    parser.add_argument(
+        "--pids", help="each process writes DIR/pid-RANK at its 2nd step, exit-RANK"
+    )
     parser.add_argument(
         "--record", help="each process appends the indices it reads to RECORD-RANK.txt"
     )
@@ -151,7 +162,8 @@ def main() -> int:
         train = Loader(data, batch_size=args.batch, collate_fn=collate)
     else:
         raise SystemExit(f"unknown loader {args.loader}")
-    world = int(os.environ["WORLD_SIZE"])
+    found = placement()  # torchrun's, srun's or Kubeflow's processes
+    world = found.world if found is not None else 1
     steps = len(data) // (args.batch * world)
     builder = (
         LearnerBuilder(args.dir, overwrite=not (args.stop_at or args.resume))
@@ -163,7 +175,9 @@ def main() -> int:
     )
     if args.resume:
         builder = builder.checkpoint("latest")
-    window = Window(steps, builder.interrupter(), args.stop_at, args.slow)
+    if args.preemption:
+        builder = builder.preemption(args.preemption, requeue=True)
+    window = Window(steps, builder.interrupter(), args.stop_at, args.slow, args.pids)
     learner = builder.listener(window).build(Classifier(dropout=0.0), SgdConfig().init(), 0.1)
     model = learner.fit(train)
     group_kept = dist.is_initialized()
@@ -186,6 +200,8 @@ def main() -> int:
         print(json.dumps(report))
     if group_kept:
         dist.destroy_process_group()
+    if args.pids is not None:
+        Path(args.pids, f"exit-{os.environ['RANK']}").write_text(str(learner.exit_code))
     return learner.exit_code
 
 

@@ -82,7 +82,10 @@ def describe_run(
             share = f"{limit:.0%}" if isinstance(limit, float) else str(limit)
             extras.append(f"{split} limited to {share} of the batches of each epoch")
     if dist is not None:
-        extras.append(f"{dist.world} processes ({dist.backend}), rank 0 writes the artifacts")
+        extras.append(
+            f"{dist.world} processes ({dist.backend}, launched by {dist.launched_by}), rank 0 "
+            "writes the artifacts"
+        )
     if dist is not None and options.sync_batchnorm:
         extras.append(
             "BatchNorm statistics shared (SyncBatchNorm)"

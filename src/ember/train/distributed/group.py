@@ -54,6 +54,8 @@ class Distributed:
     ) -> None:
         self.rank = rank
         self.owns_group = owns_group
+        self.launched_by = "ember"
+        """What started the processes (torchrun, srun, ...), as the run's log says it."""
         """ember made the process group (and destroys it at the end); False: the user's
         script made it, and keeps it."""
         self.world = world
@@ -124,16 +126,16 @@ class Distributed:
         self.health.progress += 1
         return bool(tensor.item())
 
-    def vote(self, flag: bool, seconds: float) -> tuple[bool, float]:
-        """Whether `flag` is true on any rank, and the most `seconds` any rank gives, in
-        one all-reduce of host memory (over a gloo group of its own under NCCL, so the
-        vote never waits for the device)."""
+    def vote(self, code: int, seconds: float) -> tuple[int, float]:
+        """The largest `code` (an int below 2**53) and the most `seconds` any rank gives,
+        in one all-reduce of host memory (over a gloo group of its own under NCCL, so
+        the vote never waits for the device)."""
         self.health.progress += 1
-        tensor = torch.tensor([1.0 if flag else 0.0, float(seconds)], dtype=torch.float64)
+        tensor = torch.tensor([float(code), float(seconds)], dtype=torch.float64)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.host_group)
         self.health.progress += 1
-        flags, most = tensor.tolist()
-        return flags > 0, most
+        most_code, most = tensor.tolist()
+        return int(most_code), most
 
     def sum(self, value: torch.Tensor) -> torch.Tensor:
         """The sum over every rank of a float32 scalar `value` (one all-reduce)."""

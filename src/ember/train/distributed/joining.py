@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ember.environment import from_environment
+from ember.environment import placement as find_placement
 from ember.errors import TrainingError
 from ember.train.distributed.failures import EXIT_ACCOUNT, RankLog, install_excepthook
 from ember.train.distributed.group import Distributed
@@ -35,6 +36,12 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
     placement = from_environment()
     children: list[Child] = []
     saved: dict[str, str | None] = {}
+    launched_by = "the script's process group" if adopted else "ember"
+    if placement is not None and not adopted:
+        found = find_placement()
+        if found is not None:
+            launched_by = found.launcher
+            os.environ.update(found.variables)  # for torch.distributed, as torchrun sets them
     if placement is None:
         if devices is None or len(devices) <= 1:
             return None
@@ -68,6 +75,7 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
             prefix=prefix,
             owns_group=not adopted,
         )
+        context.launched_by = launched_by
         number = next(_GROUPS)
         EXIT_ACCOUNT.explained.clear()
         context.listen_to_signals()
@@ -104,7 +112,14 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
         elif not context.finished:
             context.close(failed=True)
         raise
-    log.info("Rank %d of %d on %s (backend %s).", rank, world, device, backend)
+    log.info(
+        "Rank %d of %d on %s (backend %s; launched by %s).",
+        rank,
+        world,
+        device,
+        backend,
+        launched_by,
+    )
     return context
 
 

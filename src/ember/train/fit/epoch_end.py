@@ -11,6 +11,7 @@ from ember.train.fit.evaluation import evaluating, run_pass
 from ember.train.fit.parts import FitParts
 from ember.train.fit.points import early_stop, stop_at_point
 from ember.train.fit.state import EndedInside, FitState
+from ember.train.length.stop_vote import agree_stop
 from ember.train.outcome import Outcome
 from ember.train.parallel import evaluation
 
@@ -122,8 +123,8 @@ def end_epoch(parts: FitParts, state: FitState, values: EpochValues) -> Outcome 
     parts.events.hook("on_epoch_end", epoch)  # callbacks decide before the checkpoint too
     reason = None
     stop = parts.options.interrupter.should_stop()
-    if dist is not None:
-        stop = dist.any(stop)  # collective: every process decides alike
+    if dist is not None:  # collective: every process decides alike, for the same reason
+        stop, _ = agree_stop(dist, parts.options.interrupter, options.preemption)
     if stop:
         reason = stop_reason(parts)
     elif options.early_stopping is not None:

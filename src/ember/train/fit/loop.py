@@ -19,7 +19,7 @@ from ember.train.fit.stepper import Stepper
 from ember.train.length.batches import EpochPlan, Step
 from ember.train.length.duration import crossed
 from ember.train.length.position import Position
-from ember.train.length.stop_vote import StopVote
+from ember.train.length.stop_vote import StopVote, agree_stop
 from ember.train.outcome import Outcome
 from ember.train.parallel import join
 
@@ -179,17 +179,20 @@ class TrainLoop:
         while every one of them still has batches. `voted`: the processes already
         agreed with the step's token count (`RunLength.advance`); a time limit reached
         since is agreed too."""
-        parts = self.parts
+        parts, options = self.parts, self.parts.options
+        interrupter, dist = options.interrupter, parts.dist
         if voted is not None:
-            cadence = parts.options.cadence
+            if voted and dist is not None:  # why, once: the same outcome on every process
+                agree_stop(dist, interrupter, options.preemption)
+            cadence = options.cadence
             return voted or (cadence is not None and cadence.expired)
-        stop = parts.options.interrupter.should_stop()
-        if parts.dist is not None:  # at the steps every process votes at (`StopVote`)
-            cadence = parts.options.cadence
-            if cadence is not None and cadence.expired:  # agreed already (rank 0's clock)
-                return True
-            stop = self.vote.agree(parts.dist, stop) if step.may_vote else False
-        return stop
+        if dist is None:
+            return interrupter.should_stop()
+        cadence = options.cadence
+        if cadence is not None and cadence.expired:  # agreed already (rank 0's clock)
+            return True
+        # at the steps every process votes at (`StopVote`), for the same reason on all
+        return self.vote.agree(dist, interrupter, options.preemption) if step.may_vote else False
 
     def save_mid_epoch(self, flush: bool = False) -> None:
         """Checkpoint inside the epoch, with the metric log lines and epoch states so far

@@ -239,6 +239,8 @@ class BatchPlanner:
         batch_sampler = None
         if shard is not None and is_indexed(loader):
             self.sampler, batch_sampler = process_share(loader, name, *shard)
+        if callable(getattr(self.sampler, "skip", None)):
+            self.sampler.skip(0)  # a skip an earlier fit set and never read is not this one's
         self.view = (
             TorchLoaderView(loader, exact, batch_sampler)  # type: ignore[arg-type]
             if is_indexed(loader) and not is_stateful(loader)

@@ -8,19 +8,78 @@ one of them knows in advance: after the first step of an epoch, then after as ma
 steps as take about `INTERVAL` seconds. Each vote carries, with the stop flags, how
 long each process took since the last one; all take the largest, so all compute the
 same next vote. A stop is therefore agreed on at most `INTERVAL` seconds, or one step
-when steps are longer, after it was asked for.
+when steps are longer, after it was asked for. The vote also carries why: the
+preemption signal wins over another signal, which wins over a plain stop, so every
+process ends with the same outcome and exit code, whichever received the signal.
 """
 
 from __future__ import annotations
 
+import logging
+import signal as signals
 import time
 from typing import Any, Callable
 
+log = logging.getLogger("ember.train.learner")  # the run's own log
 INTERVAL = 0.5
 """Seconds of training between two votes (at least one step)."""
 
 MOST_STEPS = 10_000
 """Steps between two votes at most, however fast they are."""
+
+
+RANKS = 1 << 16
+"""Ranks a stop code can name."""
+
+
+def stop_code(interrupter: Any, preemption: Any, rank: int) -> int:
+    """This process's stop request as one number that orders the reasons (0: none; a
+    plain stop; a signal; the preemption signal, which wins), with its signal and rank:
+    the largest over the processes is the stop they all take."""
+    if not interrupter.should_stop():
+        return 0
+    signum = interrupter.signal
+    if signum is None:
+        level = 1
+    elif preemption is not None and signum == preemption.signal:
+        level = 300 + signum
+    else:
+        level = 200 + signum
+    return level * RANKS + rank
+
+
+def take_stop(code: int, interrupter: Any, rank: int) -> None:
+    """Take the stop of `code` (the largest over the processes) as this process's own:
+    the same reason, signal and outcome on every process."""
+    level, origin = divmod(int(code), RANKS)
+    if origin == rank and interrupter.should_stop():
+        return  # this process's own request
+    if level >= 200:
+        signum = level % 100
+        name = signals.Signals(signum).name
+        what = "preempted by" if level >= 300 else "stopped by"
+        message = f"{what} {name} on rank {origin}"
+        if level < 300 and signum == signals.SIGTERM:
+            message = f"terminated by SIGTERM on rank {origin}"
+        interrupter.stop(message, signal=signum)
+    elif not interrupter.should_stop():
+        message = f"stop requested on rank {origin}"
+        interrupter.stop(message)
+    else:
+        return
+    if rank == 0:  # the run's log says where the stop came from
+        log.info("Every process stops after this step: %s.", message)
+
+
+def agree_stop(
+    dist: Any, interrupter: Any, preemption: Any, seconds: float = 0.0
+) -> tuple[bool, float]:
+    """One vote (a collective): whether any process asked to stop, each then taking the
+    winning request as its own (`take_stop`), and the most `seconds` any gave."""
+    code, most = dist.vote(stop_code(interrupter, preemption, dist.rank), seconds)
+    if code:
+        take_stop(code, interrupter, dist.rank)
+    return code > 0, most
 
 
 class StopVote:
@@ -45,14 +104,15 @@ class StopVote:
         times since, validating or checkpointing)."""
         self._count, self._next, self._voted_at = 0, 1, 0
 
-    def agree(self, dist: Any, flag: bool) -> bool:
+    def agree(self, dist: Any, interrupter: Any, preemption: Any) -> bool:
         """After a step every process has: True on every process when one of them asked
-        to stop by the last vote due (this step's, when it is one)."""
+        to stop by the last vote due (this step's, when it is one); each then stops for
+        the same reason (`agree_stop`)."""
         self._count += 1
         if self._count < self._next:
             return False
         now = self.clock()
-        stop, elapsed = dist.vote(flag, now - self._since)
+        stop, elapsed = agree_stop(dist, interrupter, preemption, now - self._since)
         self.votes += 1
         steps = self._count - self._voted_at
         self._since, self._voted_at = now, self._count
