@@ -19,12 +19,21 @@ import pytest
 import torch
 
 from ember.record import DefaultRecorder
+from ember.train.logger import read_metric_log
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_recipe.py"
 
 
 def torchrun(directory: Path, *args: str, processes: int = 2) -> dict:
     """The recipe under torchrun; rank 0's report."""
+    out = torchrun_output(directory, *args, processes=processes)
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    assert lines, out
+    return json.loads(lines[-1])
+
+
+def torchrun_output(directory: Path, *args: str, processes: int = 2) -> str:
+    """The recipe under torchrun; what it printed (rank 0's console and report)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -51,9 +60,7 @@ def torchrun(directory: Path, *args: str, processes: int = 2) -> dict:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 0, err[-3000:]
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    assert lines, (out, err)
-    return json.loads(lines[-1])
+    return out
 
 
 def weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -203,3 +210,13 @@ def test_a_preemption_signal_on_any_rank_preempts_every_rank_and_requeues_once(t
     )
     row = next(line for line in listed.stdout.splitlines() if line.startswith("| run "))
     assert [cell.strip() for cell in row.split("|")[1:3]] == ["run", "preempted"]
+
+
+def test_the_console_counts_every_process_items_once_with_checkpoints_inside_epochs(tmp_path):
+    """Each checkpoint inside an epoch gathers the processes' rows: the epoch's line on
+    the console still counts each sample once, as the metric files do."""
+    out = torchrun_output(tmp_path, "--loader", "distributed", "--every", "3")
+    assert "train epoch 1/2 done: 16 iterations, 512 items" in out
+    assert "train epoch 2/2 done: 16 iterations, 512 items" in out
+    lines = read_metric_log(tmp_path / "train" / "epoch-1" / "Loss.log")
+    assert sum(weight for _, weight in lines) == 512

@@ -239,3 +239,25 @@ def test_checkpoint_every_and_max_time_reject_bad_values_at_build_time(tmp_path)
     builder = LearnerBuilder(tmp_path).checkpoint_every(steps=10)
     with pytest.raises(ConfigError, match=r"no checkpointer is set: add with_file_checkpointer"):
         builder.build(Classifier(), AdamConfig().init(), 1e-2)
+
+
+def test_a_stop_on_a_checkpoint_step_writes_that_checkpoint_once(tmp_path):
+    """checkpoint_every(steps=3) and a stop asked after the same step: one checkpoint of
+    that step, not two."""
+    from ember_testing import BlobBatcher, BlobDataset, Classifier, StopAt, blob_builder
+
+    from ember.data import DataLoaderBuilder
+
+    train = DataLoaderBuilder(BlobBatcher()).batch_size(16).shuffle(0).build(BlobDataset(160))
+    builder = (
+        blob_builder(tmp_path)
+        .with_file_checkpointer(DefaultRecorder())
+        .checkpoint_every(steps=3)
+        .num_epochs(2)
+    )
+    builder = builder.listener(StopAt(builder.interrupter(), 2, 3))
+    learner = builder.build(Classifier(), AdamConfig().init(), 1e-2)
+    learner.fit(train)
+    assert learner.outcome == "stopped: test stop"
+    log = (tmp_path / "experiment.log").read_text()
+    assert log.count("Checkpoint of epoch 2, iteration 3 written") == 1

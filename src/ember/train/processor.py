@@ -64,7 +64,10 @@ class MetricsProcessor:
         self._num_iterations: int | None = None
         self._items = 0
         """The items of the split's batches in this session (a resumed epoch's earlier
-        ones are `_items_before`)."""
+        ones are `_items_before`); under several processes, on rank 0, every process's
+        as of the last exchange of rows, and this one's since."""
+        self._own_items = 0
+        """This process's items of the split in this session (what it tells rank 0)."""
         self._iterations_before = 0
         self._items_before = 0
         self._tokens: int | Tensor | None = None
@@ -108,7 +111,7 @@ class MetricsProcessor:
         self._epoch = epoch
         self._iteration = self._iterations_before = first_iteration - 1
         self._num_iterations = num_iterations
-        self._items, self._items_before = 0, first_items
+        self._items, self._own_items, self._items_before = 0, 0, first_items
         self._tokens, self._tokens_lost = None, False
         self._started = time.monotonic()
         self._next_tick = self._started + self.tick
@@ -149,6 +152,7 @@ class MetricsProcessor:
         """One step's output: update every metric of the current split (no host sync)."""
         self._iteration = iteration
         self._items += batch_size
+        self._own_items += batch_size
         states = self._states
         if states:
             meta = None
@@ -194,17 +198,18 @@ class MetricsProcessor:
         split, epoch, total = self._split, self._epoch, self._num_iterations
         return MetricMetadata(split, epoch, self.num_epochs, iteration, total, lr)
 
-    def hold(self) -> tuple[int, int, list[int]]:
+    def hold(self) -> tuple[int, int, int, list[int]]:
         """Keep the coming updates on the device, undoable (`undo`) until `release`:
         a training step that may run again (grads_accumulation("auto"))."""
         self._held = True
         states = self._states
-        return self._iteration, self._items, [len(state.pending) for state in states]
+        lengths = [len(state.pending) for state in states]
+        return self._iteration, self._items, self._own_items, lengths
 
-    def undo(self, mark: tuple[int, int, list[int]]) -> None:
+    def undo(self, mark: tuple[int, int, int, list[int]]) -> None:
         """Forget the updates since `hold` returned `mark` (a dropped attempt). The
         metrics' own whole-epoch states (`epoch_value()` metrics) keep them."""
-        self._iteration, self._items, lengths = mark
+        self._iteration, self._items, self._own_items, lengths = mark
         for state, length in zip(self._states, lengths):
             del state.pending[length:]
 
@@ -427,7 +432,7 @@ class MetricsProcessor:
         """Records to the loggers (under several processes, with every rank's rows)."""
         if dist is not None:
             self._items = exchange.gather_rows(
-                self._states, dist, records, self._items, self._iteration + 1
+                self._states, dist, records, self._own_items, self._iteration + 1
             )
         if records:
             for logger in self.loggers.get(self._split, ()):

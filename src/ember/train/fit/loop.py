@@ -34,6 +34,8 @@ class TrainLoop:
         self.stepper = Stepper(parts, state)
         self.vote = StopVote()
         """When several processes agree on a stop."""
+        self.saved_at: tuple[int, int] | None = None
+        """The epoch and iteration of the last checkpoint taken inside an epoch."""
         options, length = parts.options, parts.length
         self.quiet = (
             parts.dist is None
@@ -198,8 +200,13 @@ class TrainLoop:
         """Checkpoint inside the epoch, with the metric log lines and epoch states so far
         (`flush`: write the lines of the values not yet written first). On one process
         the values start to the host before the snapshot, whose one wait brings them
-        too; their lines are written before the checkpoint, which counts them."""
+        too; their lines are written before the checkpoint, which counts them. A step
+        checkpointed already (its cadence, then a stop after it) is not written again."""
         parts, processor, dist = self.parts, self.parts.processor, self.parts.dist
+        where = (self.state.epoch, self.state.iteration)
+        if where == self.saved_at:
+            return
+        self.saved_at = where
         before_write = None
         if flush and dist is None:
             processor.launch()
