@@ -602,9 +602,14 @@ def process_share(loader: Any, name: str, rank: int, world: int) -> tuple[Any, A
                 "samples of its own, which ember cannot split between the processes. "
                 "Give it a torch.utils.data.DistributedSampler made for each process."
             )
-        generator = sampler.generator
+        generator = sampler.generator  # read, not drawn from: planning changes no stream
+        before = torch.get_rng_state() if generator is None else generator.get_state()
         draw = torch.empty((), dtype=torch.int64)
         seed = int(draw.random_(generator=generator).item()) & 0x7FFFFFFF
+        if generator is None:
+            torch.set_rng_state(before)
+        else:
+            generator.set_state(before)
     shared = ResumableSampler(loader.dataset, seed)
     shared.shard(rank, world)
     return shared, BatchSampler(shared, int(loader.batch_size), bool(loader.drop_last))
