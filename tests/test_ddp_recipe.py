@@ -34,6 +34,20 @@ def torchrun(directory: Path, *args: str, processes: int = 2) -> dict:
 
 def torchrun_output(directory: Path, *args: str, processes: int = 2) -> str:
     """The recipe under torchrun; what it printed (rank 0's console and report)."""
+    process = start(directory, *args, processes=processes)
+    try:
+        out, err = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, err[-3000:]
+    return out
+
+
+def start(
+    directory: Path, *args: str, processes: int = 2, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """The recipe started under torchrun (in a session of its own, to be killed whole)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -51,16 +65,32 @@ def torchrun_output(directory: Path, *args: str, processes: int = 2) -> str:
         str(directory),
         *args,
     ]
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
     )
+
+
+def signal_rank(
+    process: subprocess.Popen[str], pids: Path, rank: int, signum: int
+) -> tuple[str, str]:
+    """Once `rank` trains (its pid written at its second step), send it `signum`; what
+    the launch printed when it ended."""
     try:
-        out, err = process.communicate(timeout=240)
+        deadline = time.monotonic() + 120
+        target = pids / f"pid-{rank}"
+        while not target.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert target.exists(), process.communicate(timeout=60)
+        os.kill(int(target.read_text()), signum)
+        return process.communicate(timeout=120)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 0, err[-3000:]
-    return out
 
 
 def weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -141,52 +171,10 @@ def test_a_preemption_signal_on_any_rank_preempts_every_rank_and_requeues_once(t
     scontrol.write_text(FAKE_SCONTROL.format(log=calls))
     scontrol.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     run = tmp_path / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(port),
-        str(SCRIPT),
-        str(run),
-        "--loader",
-        "distributed",
-        "--epochs",
-        "3",
-        "--slow",
-        "0.05",
-        "--preemption",
-        "SIGUSR1",
-        "--pids",
-        str(pids),
-    ]
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env=env,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        target = pids / f"pid-{rank}"
-        while not target.exists() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert target.exists(), process.communicate(timeout=60)
-        os.kill(int(target.read_text()), signal.SIGUSR1)
-        out, err = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+    args = ("--loader", "distributed", "--epochs", "3", "--slow", "0.05")
+    process = start(run, *args, "--preemption", "SIGUSR1", "--pids", str(pids), env=env)
+    out, err = signal_rank(process, pids, rank, signal.SIGUSR1)
     assert [(pids / f"exit-{r}").read_text() for r in (0, 1)] == ["138", "138"], err[-3000:]
     report = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
     assert report["outcome"] == "preempted: SIGUSR1"
@@ -220,3 +208,21 @@ def test_the_console_counts_every_process_items_once_with_checkpoints_inside_epo
     assert "train epoch 2/2 done: 16 iterations, 512 items" in out
     lines = read_metric_log(tmp_path / "train" / "epoch-1" / "Loss.log")
     assert sum(weight for _, weight in lines) == 512
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_named_in_rank_0s_log(tmp_path):
+    """SIGKILL to rank 1 under torchrun: it leaves no record, and rank 0's log names it
+    as the rank that did not answer, not only the backend's lost connection."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    run = tmp_path / "run"
+    process = start(
+        run, "--loader", "distributed", "--epochs", "3", "--slow", "0.05", "--pids", str(pids)
+    )
+    _, err = signal_rank(process, pids, 1, signal.SIGKILL)
+    assert process.returncode != 0, err[-2000:]
+    log = (run / "experiment.log").read_text()
+    assert "Training stopped at epoch" in log
+    assert "rank 1 did not answer: it died, or is stuck outside Python" in log
+    assert "Training failed at epoch" not in log

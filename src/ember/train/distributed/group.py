@@ -212,6 +212,10 @@ class Distributed:
         line = next(iter(str(error).strip().splitlines()), "")[:200]
         return f"{cause.report()} On rank {self.rank}: {type(error).__name__}: {line}"
 
+    def lost_touch(self, error: BaseException) -> bool:
+        """`error` came from talking to the other ranks (a collective, the store)."""
+        return communication_error(error)
+
     def _account(self, error: BaseException, wait: float) -> str:
         health = self.health
         if communication_error(error):

@@ -28,6 +28,10 @@ def failure(state: FitState, dist: Distributed | None, error: BaseException) -> 
         log.error("Training interrupted (KeyboardInterrupt) at %s.", where)
         return outcome
     elsewhere = dist.caused_elsewhere(error) if dist is not None else None
+    if elsewhere is None and dist is not None and dist.lost_touch(error):
+        # a rank vanished without a record (killed): find out which before saying so
+        dist.failures(wait=5.0 if dist.children else 0.0)
+        elsewhere = dist.caused_elsewhere(error)
     if elsewhere is not None:  # another rank failed: its record says why
         log.error("Training stopped at %s. %s", where, elsewhere)
     else:
