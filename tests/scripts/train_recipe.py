@@ -7,9 +7,9 @@ over a DistributedSampler), `plain` (a torch DataLoader, unshuffled), `shuffled`
 shuffled torch DataLoader), `subclass` (a DataLoader subclass). `--no-group` leaves
 the process group to ember. `--stop-at N` asks rank 1 to stop after its N-th step of
 an epoch, `--slow S` sleeps S seconds after each step, `--resume` resumes from the
-latest checkpoint, `--every K` checkpoints every K steps, `--preemption SIG` sets
-preemption(SIG, requeue=True), `--pids D` has each process write D/pid-RANK at its
-second step and D/exit-RANK at its end.
+latest checkpoint, `--auto` with checkpoint("auto"), `--every K` checkpoints every K
+steps, `--preemption SIG` sets preemption(SIG, requeue=True), `--pids D` has each
+process write D/pid-RANK at its second step and D/exit-RANK at its end.
 Every collective torch.distributed is asked for is counted, and rank 0 prints one
 JSON line: the steps of the first epoch and the collectives issued between its
 second step and its last (DDP's gradient reduction, made by its C++ reducer, is not
@@ -137,6 +137,7 @@ def main() -> int:
     parser.add_argument("--slow", type=float, default=0.0)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--every", type=int, help="checkpoint_every(steps=EVERY)")
+    parser.add_argument("--auto", action="store_true", help='checkpoint("auto")')
     parser.add_argument("--preemption", help="SIGUSR1 or SIGTERM: preemption(signal, requeue=True)")
     parser.add_argument(
         "--pids", help="each process writes DIR/pid-RANK at its 2nd step, exit-RANK"
@@ -168,7 +169,7 @@ def main() -> int:
     world = found.world if found is not None else 1
     steps = len(data) // (args.batch * world)
     builder = (
-        LearnerBuilder(args.dir, overwrite=not (args.stop_at or args.resume))
+        LearnerBuilder(args.dir, overwrite=not (args.stop_at or args.resume or args.auto))
         .metric_train_numeric(LossMetric())
         .metric_train(AccuracyMetric())
         .with_file_checkpointer(DefaultRecorder())
@@ -177,6 +178,8 @@ def main() -> int:
     )
     if args.resume:
         builder = builder.checkpoint("latest")
+    if args.auto:
+        builder = builder.checkpoint("auto")
     if args.every:
         builder = builder.checkpoint_every(steps=args.every)
     if args.preemption:
