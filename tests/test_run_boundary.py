@@ -191,3 +191,30 @@ def test_a_damaged_lock_is_named_as_damaged_with_when_it_is_taken_over(
     assert "holds no process record" in str(taker.takeover_message)
     taker.release()
     assert main(["repair", str(run)]) == 0
+
+
+class OwnRenderer:
+    """A user's renderer, without the optional `notice`: warnings go to stderr."""
+
+    def start(self, info: Any) -> None: ...
+
+    def update(self, progress: Any, metrics: Any, records: Any) -> None: ...
+
+    def end_split(self, progress: Any, metrics: Any) -> None: ...
+
+    def end(self, reason: str) -> None: ...
+
+
+def test_a_warning_shown_on_stderr_by_a_renderer_without_notices_is_escaped(
+    tmp_path, loaders, capsys
+):
+    run = tmp_path / f"run{HOSTILE}"
+    for epochs, width in ((1, 16), (2, 32)):
+        made = blob_builder(run, OwnRenderer()).num_epochs(epochs)
+        made = made.with_file_checkpointer(DefaultRecorder()).hparams({f"w{HOSTILE}": width})
+        if epochs == 2:
+            made = made.checkpoint("latest")
+        made.build(Classifier(), AdamConfig().init(), 1e-2).fit(*loaders)
+    shown = clean(capsys.readouterr().err)
+    assert "ember: warning: The hyperparameters differ" in shown
+    assert "w\\x1b]0;owned\\x07" in shown

@@ -124,6 +124,18 @@ def damaged_hparams(run: Path) -> tuple[str, ...]:
     return ("hparams.json: the checksum does not match",)
 
 
+def downgraded_history(run: Path) -> tuple[str, ...]:
+    rewrite_history(
+        run, lambda lines: [lines[0].replace('"version": 3', '"version": 1'), *lines[1:]]
+    )
+    return ("history.jsonl, line 1: the header is damaged", "checksum does not match")
+
+
+def damaged_hparams_key(run: Path) -> tuple[str, ...]:
+    edit_file(run / "hparams.json", '"$crc32"', '"$crc22"')
+    return ("hparams.json: its checksum key reads '$crc22', not '$crc32'",)
+
+
 def unwritable_log(run: Path) -> tuple[str, ...]:
     log = run / "experiment.log"
     text = log.read_text()
@@ -155,6 +167,8 @@ REFUSALS: dict[str, tuple[Callable[[Path], tuple[str, ...]], bool]] = {
     "deleted history": (deleted_history, True),
     "damaged sessions.json": (damaged_sessions, True),
     "damaged hparams.json": (damaged_hparams, True),
+    "history version edited": (downgraded_history, True),
+    "hparams checksum key edited": (damaged_hparams_key, True),
     "unwritable experiment.log": (unwritable_log, False),
     "run lock held": (held_lock, False),
     "damaged checkpoint": (damaged_checkpoint, False),

@@ -6,7 +6,8 @@ CRC-32 of every byte of the text, computed with its own 8 hex digits read as
 "00000000": the scheme of the checkpoint records (`ember.checksum`). A record
 whose bytes changed after it was written (a flipped bit, a torn or edited line) no
 longer matches. A record without the key was written by an earlier version of ember
-and is read as it is (`unseal` says it was not sealed).
+and is read as it is (`unseal` says it was not sealed), unless its last key is the
+key's name with a character or two changed: that record was sealed, then damaged.
 """
 
 from __future__ import annotations
@@ -68,9 +69,25 @@ def unseal(data: bytes, key: str = KEY) -> tuple[Any, bool]:
     except ValueError as error:
         raise SealBroken(not_json(error)) from None
     if not isinstance(value, dict) or key not in value:
+        _check_key_name(value, key)
         return value, False
     at = data.rindex(_marker(key)) + len(_marker(key))
     if not isinstance(value[key], str) or len(value[key]) != DIGITS or not verify(data, at):
         raise SealBroken(CHANGED)
     del value[key]
     return value, True
+
+
+def _check_key_name(value: Any, key: str) -> None:
+    """A record whose last key is the checksum's name with a character or two changed,
+    holding 8 characters, was sealed and then damaged: never one of an earlier version."""
+    if not isinstance(value, dict) or not value:
+        return
+    last = list(value)[-1]
+    if not isinstance(last, str) or len(last) != len(key) or not isinstance(value[last], str):
+        return
+    if len(value[last]) == DIGITS and 0 < sum(a != b for a, b in zip(last, key)) <= 2:
+        raise SealBroken(
+            f"its checksum key reads {last!r}, not {key!r}: the file was damaged or edited "
+            "after it was written"
+        )

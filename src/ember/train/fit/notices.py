@@ -3,7 +3,8 @@
 While a fit runs, `ConsoleNotices` (a logging handler on the `ember` logger, at
 WARNING) shows each warning once: through the renderer's optional `notice(text)`
 (the plain renderer's stream, above the dashboard, in the notebook cell's output),
-else on standard error. A warning about the run's numbers or settings (a learning
+else on standard error, escaped (`ember.printable`: names and texts read from a run
+can hold control characters). A warning about the run's numbers or settings (a learning
 rate falling by 100x within the first epoch, a loss that looks summed over the batch,
 hyperparameters kept from the checkpoint, a damaged checkpoint skipped) is missed by
 anyone who does not read the log file otherwise.
@@ -15,6 +16,7 @@ import logging
 import sys
 from typing import Any
 
+from ember.printable import printable
 from ember.train.logger.application import LOGGER_NAME
 
 
@@ -51,7 +53,7 @@ class ConsoleNotices(logging.Handler):
             if callable(notice):
                 notice(text)
             else:
-                print(f"ember: warning: {text}", file=sys.stderr, flush=True)
+                print(f"ember: warning: {printable(text)}", file=sys.stderr, flush=True)
         except Exception:  # showing a warning never ends a run
             pass
 
