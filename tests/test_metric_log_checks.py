@@ -191,3 +191,27 @@ def test_an_evaluation_log_reads_back_checked(tmp_path, quiet, loaders):
     for path in logs:
         found = scan_log(path)
         assert found.checked and not found.damaged and len(found.rows) == 7
+
+
+def test_a_log_replaced_by_another_intact_one_refuses_the_resume(tmp_path, quiet, loaders):
+    """The checkpoint notes the check of each open log's last counted line: a log put
+    in its place with whole, chained lines of other values is told apart, not resumed."""
+    from ember.train.files.metric_files import format_line
+
+    run = tmp_path / "run"
+    stopped(run, quiet, loaders)
+    scheduler = DefaultRecorder().load(None, run / "checkpoint" / "scheduler-2")
+    noted = scheduler["learner"]["log_checks"]
+    log = run / "train/epoch-2/Loss.log"
+    assert noted["Loss"] == log.read_text().splitlines()[-1].rsplit(",", 1)[1]
+    lines, chain = [], 0
+    for value in (0.9, 0.8, 0.7, 0.6, 0.5):  # intact, chained, and one line longer
+        line = format_line(value, 16, chain)
+        chain = int(line.rsplit(",", 1)[1], 16)
+        lines.append(line)
+    log.write_text("".join(lines))
+    with pytest.raises(RunRecordError) as info:
+        resumed(run, quiet, loaders)
+    message = str(info.value)
+    assert f"{log}, line 4: its line 4 is not the line the checkpoint counted" in message
+    assert "Put back the log the run wrote, or resume from the checkpoint of an earlier" in message

@@ -405,6 +405,16 @@ class MetricsProcessor:
             self._restore = None
             exchange.restore_epoch_states(self._states, saved, device)
 
+    def log_checks(self) -> dict[str, int]:
+        """The check of the last line written to each of the current split's metric logs
+        (by the loggers that keep checked logs; empty on a process that writes none)."""
+        checks: dict[str, int] = {}
+        for logger in self.loggers.get(self._split, ()):
+            told = getattr(logger, "checks", None)
+            if callable(told):
+                checks.update(told(self._epoch))
+        return checks
+
     def line_counts(self, coming: bool = False) -> dict[str, int]:
         """Lines written so far this epoch per metric of the current split (`coming`:
         with the lines of the values computed but not yet written, which the next

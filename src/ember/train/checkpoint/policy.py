@@ -135,11 +135,13 @@ class CheckpointPolicy:
         lines: dict[str, int] | None = None,
         metric_states: dict[str, Any] | None = None,
         before_write: Callable[[], None] | None = None,
+        checks: dict[str, int] | None = None,
     ) -> None:
         """Checkpoint `position`: at an epoch end in the background, mid-epoch (a stop)
         waiting for the write. Every process takes part (random generator states).
         `before_write` (one process) is called once the snapshot is taken, before the
-        write: at once when the checkpointer does not take it."""
+        write: at once when the checkpointer does not take it. `checks`: the check of
+        each open metric log's last counted line, which a resume compares."""
         if before_write is not None and not _takes_before_write(self.checkpointer):
             before_write()
             before_write = None
@@ -157,6 +159,8 @@ class CheckpointPolicy:
         }
         if lines is not None:
             learner["log_lines"] = lines
+        if checks:  # the check of each log's last counted line
+            learner["log_checks"] = {name: f"{check:08x}" for name, check in checks.items()}
         if self.data is not None:
             learner["data"] = dict(self.data)
         mark = self.history.mark()

@@ -341,9 +341,10 @@ def check_open_logs(artifacts: Artifacts, epoch: int, iteration: int) -> None:
     """The training logs of the epoch a checkpoint stopped inside (after `iteration`
     batches) must hold the lines that checkpoint counted, whole: a missing, short or
     damaged one is a `RunRecordError` naming the file, the line and the fix."""
-    counts = _counted_lines(artifacts, epoch, iteration)
+    counts, checks = _counted_lines(artifacts, epoch, iteration)
     folder = artifacts.epoch_dir("train", epoch)
     expected = {metric_file_name(name): count for name, count in counts.items()}
+    noted = {metric_file_name(name): check for name, check in checks.items()}
     for path in sorted({*folder.glob("*.log"), *(folder / name for name in expected)}):
         keep = expected.get(path.name, iteration)
         try:
@@ -363,11 +364,29 @@ def check_open_logs(artifacts: Artifacts, epoch: int, iteration: int) -> None:
                 f"last {keep - len(found.rows)} line(s) were lost"
             )
             raise MetricLog(path, found.rows, found.checked, len(found.rows) + 1, problem).error()
+        saved = noted.get(path.name)
+        written = found.checks or []
+        got = f"{written[keep - 1]:08x}" if 0 < keep <= len(written) else None
+        if saved is not None and got is not None and got != saved:
+            problem = (
+                f"its line {keep} is not the line the checkpoint counted (check {got}, the "
+                f"checkpoint noted {saved}): the file was replaced or written again"
+            )
+            fix = (
+                "Put back the log the run wrote, or resume from the checkpoint of an earlier "
+                f"epoch (checkpoint({epoch - 1}))"
+                if epoch > 1
+                else "Put back the log the run wrote, or start the run again"
+            )
+            raise MetricLog(path, found.rows, True, keep, problem).error(fix)
 
 
-def _counted_lines(artifacts: Artifacts, epoch: int, iteration: int) -> dict[str, int]:
+def _counted_lines(
+    artifacts: Artifacts, epoch: int, iteration: int
+) -> tuple[dict[str, int], dict[str, str]]:
     """The log lines per training metric that the checkpoint of `epoch` taken after
-    `iteration` batches counted (none found: {})."""
+    `iteration` batches counted, and the check of each one's last counted line (none
+    found: {}, {})."""
     from ember.record import load
     from ember.record.file_recorder import EXTENSIONS
 
@@ -378,10 +397,12 @@ def _counted_lines(artifacts: Artifacts, epoch: int, iteration: int) -> dict[str
         try:
             learner = load(None, path)["learner"]
             if int(learner.get("iteration") or 0) == iteration:
-                return {str(k): int(v) for k, v in dict(learner.get("log_lines") or {}).items()}
+                counts = {str(k): int(v) for k, v in dict(learner.get("log_lines") or {}).items()}
+                checks = {str(k): str(v) for k, v in dict(learner.get("log_checks") or {}).items()}
+                return counts, checks
         except Exception:  # the resume reads the checkpoint and names its damage
             continue
-    return {}
+    return {}, {}
 
 
 ENDED = ("completed", "stopped", "early_stopped", "pruned", "signal", "preempted", "time_limit")

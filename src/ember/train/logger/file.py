@@ -100,6 +100,11 @@ class FileMetricLogger:
                 f"{error.strerror or error}. Free disk space or fix permissions{then}."
             ) from error
 
+    def checks(self, epoch: int) -> dict[str, int]:
+        """The check of each open log's last line in `epoch`, by metric name: what a
+        checkpoint notes beside the line counts, so a resume can tell the same file."""
+        return dict(self._chains.get(epoch, {}))
+
     def end_epoch(self, split: str, epoch: int, aggregates: dict[str, float]) -> None:
         for file_epoch, name in [key for key in self._files if key[0] == epoch]:
             self._files.pop((file_epoch, name)).close()
