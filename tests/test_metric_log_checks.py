@@ -201,7 +201,7 @@ def test_a_log_replaced_by_another_intact_one_refuses_the_resume(tmp_path, quiet
     run = tmp_path / "run"
     stopped(run, quiet, loaders)
     scheduler = DefaultRecorder().load(None, run / "checkpoint" / "scheduler-2")
-    noted = scheduler["learner"]["log_checks"]
+    noted = scheduler["log_checks"]
     log = run / "train/epoch-2/Loss.log"
     assert noted["Loss"] == log.read_text().splitlines()[-1].rsplit(",", 1)[1]
     lines, chain = [], 0

@@ -33,7 +33,9 @@ class Checkpointer(Protocol):
         A checkpointer may also take `before_write`, a function to call once the parts
         are taken and before the write starts: a checkpoint inside an epoch then writes
         the metric lines it counts while its own snapshot is taken, in the one wait
-        for both. One without it gets the lines written before `save` is called."""
+        for both. What it returns (a dict, or None) is added to `state` before the
+        write: what is known only once the lines are written (each log's last check).
+        One without it gets the lines written before `save` is called."""
         ...
 
     def load(self, epoch: int, part: str, target: Any) -> Any:

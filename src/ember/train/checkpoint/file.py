@@ -120,7 +120,10 @@ class FileCheckpointer:
         ]
         self._snapshots.wait()
         if before_write is not None:
-            before_write()
+            late = before_write()  # what is known once the counted lines are written
+            if isinstance(late, dict) and late:
+                part, tree, kind = parts[-1]
+                parts[-1] = (part, {**tree, **late}, kind)
         history = list(history)
 
         def job() -> None:

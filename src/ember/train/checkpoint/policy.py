@@ -135,13 +135,14 @@ class CheckpointPolicy:
         lines: dict[str, int] | None = None,
         metric_states: dict[str, Any] | None = None,
         before_write: Callable[[], None] | None = None,
-        checks: dict[str, int] | None = None,
+        checks: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         """Checkpoint `position`: at an epoch end in the background, mid-epoch (a stop)
         waiting for the write. Every process takes part (random generator states).
         `before_write` (one process) is called once the snapshot is taken, before the
-        write: at once when the checkpointer does not take it. `checks`: the check of
-        each open metric log's last counted line, which a resume compares."""
+        write: at once when the checkpointer does not take it. `checks` gives, once the
+        counted lines are written, each open metric log's last check, which the
+        checkpoint notes (`log_checks`) and a resume compares."""
         if before_write is not None and not _takes_before_write(self.checkpointer):
             before_write()
             before_write = None
@@ -159,8 +160,6 @@ class CheckpointPolicy:
         }
         if lines is not None:
             learner["log_lines"] = lines
-        if checks:  # the check of each log's last counted line
-            learner["log_checks"] = {name: f"{check:08x}" for name, check in checks.items()}
         if self.data is not None:
             learner["data"] = dict(self.data)
         mark = self.history.mark()
@@ -181,6 +180,13 @@ class CheckpointPolicy:
             if not dist.main:
                 return
         state = {**optim.state_dict(), "learner": learner}
+
+        def noted_checks() -> dict[str, Any]:  # each log's last counted line's check
+            found = checks() if checks is not None else {}
+            return {"log_checks": {name: f"{c:08x}" for name, c in found.items()}} if found else {}
+
+        if before_write is None:
+            state.update(noted_checks())  # the lines are written already
         what = f"epoch {position.epoch}" + (
             "" if position.complete else f", iteration {position.iteration}"
         )
@@ -198,11 +204,12 @@ class CheckpointPolicy:
 
         called: list[BaseException | None] = []  # before_write ran (and what it raised)
 
-        def before() -> None:
+        def before() -> dict[str, Any]:
             assert before_write is not None
             called.append(None)
             try:
                 before_write()
+                return noted_checks()
             except BaseException as error:
                 called[0] = error  # its own failure, not a failed write
                 raise

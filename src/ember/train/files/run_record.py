@@ -395,10 +395,11 @@ def _counted_lines(
         if not path.exists():
             continue
         try:
-            learner = load(None, path)["learner"]
+            state = load(None, path)
+            learner = state["learner"]
             if int(learner.get("iteration") or 0) == iteration:
                 counts = {str(k): int(v) for k, v in dict(learner.get("log_lines") or {}).items()}
-                checks = {str(k): str(v) for k, v in dict(learner.get("log_checks") or {}).items()}
+                checks = {str(k): str(v) for k, v in dict(state.get("log_checks") or {}).items()}
                 return counts, checks
         except Exception:  # the resume reads the checkpoint and names its damage
             continue

@@ -207,13 +207,25 @@ class TrainLoop:
         if where == self.saved_at:
             return
         self.saved_at = where
-        if flush:
-            processor.flush(dist)  # every process's lines, counted on rank 0
-        lines = processor.line_counts()
-        checks = processor.log_checks()  # each log's last line, as written: a resume knows it
+        before_write = None
+        if flush and dist is None:
+            processor.launch()
+            lines = processor.line_counts(coming=True)
+            before_write = processor.flush
+        else:
+            if flush:
+                processor.flush(dist)  # every process's lines, counted on rank 0
+            lines = processor.line_counts()
         states = processor.epoch_states()
         parts.checkpoints.save(
-            self.state.position(False), parts.model, parts.optim, dist, lines, states, checks=checks
+            self.state.position(False),
+            parts.model,
+            parts.optim,
+            dist,
+            lines,
+            states,
+            before_write,
+            checks=processor.log_checks,  # each log's last line once written: a resume knows it
         )
 
     def resume_logs(self, start: Position, counts: Mapping[str, int] | None) -> None:
