@@ -142,7 +142,7 @@ def _torch_variables(env: Mapping[str, str]) -> Placement | None:
         return None
     if not 0 <= rank < world:
         raise LaunchError(
-            f"RANK={rank} is outside WORLD_SIZE={world} (ranks are 0 to {world - 1}): fix the launch."
+            f"{_outside('RANK', rank, 'WORLD_SIZE', world)} (ranks are 0 to {world - 1}): fix the launch."
         )
     launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "torch.distributed variables"
     if "EMBER_LAUNCHER_PID" in env:
@@ -150,8 +150,8 @@ def _torch_variables(env: Mapping[str, str]) -> Placement | None:
     unset = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in env]
     if unset:
         raise LaunchError(
-            f"RANK={rank} and WORLD_SIZE={world} are set, but {' and '.join(unset)} "
-            f"{'is' if len(unset) == 1 else 'are'} not: every process must know where rank 0 "
+            f"RANK={rank} and WORLD_SIZE={world} are set, but {_listed(unset)} not: every "
+            "process must know where rank 0 "
             "listens. Launch with torchrun, or set MASTER_ADDR (rank 0's host) and "
             "MASTER_PORT (a free port) in every process."
         )
@@ -160,7 +160,7 @@ def _torch_variables(env: Mapping[str, str]) -> Placement | None:
         local_world = _int(env, "LOCAL_WORLD_SIZE", world)
         if not 0 <= local < local_world:
             raise LaunchError(
-                f"LOCAL_RANK={local} is outside LOCAL_WORLD_SIZE={local_world}: fix the launch."
+                f"{_outside('LOCAL_RANK', local, 'LOCAL_WORLD_SIZE', local_world)}: fix the launch."
             )
         return Placement(rank, world, local, launcher)
     # Kubeflow's PyTorchJob: a pod per process, no LOCAL_RANK
@@ -173,6 +173,15 @@ def _torch_variables(env: Mapping[str, str]) -> Placement | None:
             "LOCAL_RANK, or start the processes of each pod with torchrun."
         )
     return Placement(rank, world, 0, "Kubeflow (no LOCAL_RANK: one process per pod)")
+
+
+def _listed(names: list[str]) -> str:
+    """`A is` or `A and B are`: the variables a message names, with their verb."""
+    return f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'}"
+
+
+def _outside(name: str, value: int, bound_name: str, bound: int) -> str:
+    return f"{name}={value} is outside {bound_name}={bound}"
 
 
 def _cuda_devices() -> int:
@@ -190,14 +199,14 @@ def _srun(env: Mapping[str, str]) -> Placement:
     missing = [name for name in ("SLURM_PROCID", "SLURM_LOCALID") if name not in env]
     if missing:
         raise LaunchError(
-            f"SLURM_STEP_NUM_TASKS={world}, but {' and '.join(missing)} "
-            f"{'is' if len(missing) == 1 else 'are'} not set: an srun task has them all. "
+            f"SLURM_STEP_NUM_TASKS={world}, but {_listed(missing)} not set: an srun task has "
+            "them all. "
             "Start the processes with srun, or launch with torchrun."
         )
     rank, local = _int(env, "SLURM_PROCID", 0), _int(env, "SLURM_LOCALID", 0)
     if not 0 <= rank < world:
         raise LaunchError(
-            f"SLURM_PROCID={rank} is outside SLURM_STEP_NUM_TASKS={world}: fix the launch."
+            f"{_outside('SLURM_PROCID', rank, 'SLURM_STEP_NUM_TASKS', world)}: fix the launch."
         )
     variables = {
         "RANK": str(rank),

@@ -26,7 +26,6 @@ from ember.train.length.loader_view import (
     arithmetic_sizes,
     is_indexed,
     is_stateful,
-    own_count,
 )
 from ember.train.length.position import Position
 from ember.train.length.shares import process_share
@@ -41,10 +40,6 @@ def find_sampler(loader: Any) -> Any:
         if callable(getattr(sampler, "set_epoch", None)):
             return sampler
     return None
-
-
-batch_size = own_count
-"""The items a batch says it holds (`own_count`), for batches that come from no loader."""
 
 
 class Step(NamedTuple):
