@@ -513,13 +513,16 @@ def test_loaders_that_cannot_give_every_process_its_batches_are_refused():
         r"sync_batchnorm\(\) needs the same number on every process. Build the loader",
     ):
         uneven.check_even("training", "sync_batchnorm()", "Build the loader ...")
-    dropped = DataLoaderBuilder().batch_size(9).drop_last().build(data)  # 1 and 0 batches
+    few = DataLoaderBuilder().batch_size(2).build(data[:3])  # 1, 1, 1 and 0 samples
     with pytest.raises(
         TrainingError,
-        match=r"gives 1 of the 2 processes no batch \(17 samples, batch size 9, drop_last\); "
+        match=r"gives 1 of the 4 processes no batch \(3 samples, batch size 2\); "
         "under FSDP a process with fewer batches runs stand-ins",
     ):
-        BatchPlanner(dropped, shard=(1, 2)).check_stand_ins("training")
+        BatchPlanner(few, shard=(1, 4)).check_stand_ins("training")
+    dropped = DataLoaderBuilder().batch_size(9).drop_last().build(data)  # no step of 18
+    with pytest.raises(TrainingError, match=r"its 17 samples make no full step of 18"):
+        BatchPlanner(dropped, shard=(1, 2)).check_whole_steps("training")
 
 
 def test_sync_batchnorm_needs_several_processes_and_a_batchnorm():

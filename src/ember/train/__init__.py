@@ -1,10 +1,12 @@
 """Training: the LearnerBuilder, the Learner, step protocols and outputs."""
 
+from ember.train.adapters import ForwardOutput, LossFromModel
 from ember.train.build.builder import LearnerBuilder
 from ember.train.checkpoint import (
     ComposedCheckpointingStrategy,
     KeepLastNCheckpoints,
     MetricCheckpointingStrategy,
+    load_checkpoint,
 )
 from ember.train.early_stopping import MetricEarlyStoppingStrategy
 from ember.train.evaluator import EvaluationInterrupted, Evaluator, EvaluatorBuilder
@@ -30,6 +32,7 @@ from ember.train.output import (
     SequenceOutput,
     TextOutput,
 )
+from ember.train.run_evaluation import evaluate_run
 from ember.train.smoke import SmokeReport, SmokeTestError
 from ember.train.step import TrainOutput, TrainStep, ValidStep
 
@@ -42,12 +45,14 @@ __all__ = [
     "EvaluationInterrupted",
     "Evaluator",
     "EvaluatorBuilder",
+    "ForwardOutput",
     "ImageOutput",
     "Interrupter",
     "KeepLastNCheckpoints",
     "Learner",
     "LearnerBuilder",
     "Listener",
+    "LossFromModel",
     "LrFinderResult",
     "MetricCheckpointingStrategy",
     "MetricEarlyStoppingStrategy",
@@ -65,5 +70,7 @@ __all__ = [
     "TrainStep",
     "ValidPoint",
     "ValidStep",
+    "evaluate_run",
+    "load_checkpoint",
     "lr_find",
 ]

@@ -32,6 +32,7 @@ from typing import Any, Callable, ContextManager, Iterable, Sequence
 import torch
 
 from ember.errors import ConfigError, TrainingError
+from ember.train.distributed import Distributed
 from ember.train.files.artifacts import Artifacts
 from ember.train.files.metric_files import (
     add_lines,
@@ -48,15 +49,18 @@ from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.base import MetricRecord
 from ember.train.metric.base import Metric, RegisteredMetric
 from ember.train.options import LearnerOptions
+from ember.train.parallel.dealt import RankShare
 from ember.train.plugins import check_plugin
 from ember.train.prediction import concat_outputs, predict
 from ember.train.processor import MetricsProcessor
 from ember.train.renderer.base import Renderer, RunInfo
+from ember.train.structure import check_train_methods
 
 __all__ = ["EvaluationInterrupted", "Evaluator", "EvaluatorBuilder", "concat_outputs"]
 
 log = logging.getLogger(__name__)
 SPLIT = "test"
+_NOTHING = contextlib.nullcontext()
 
 
 class EvaluationInterrupted(TrainingError):
@@ -136,6 +140,7 @@ class EvaluatorBuilder:
 
         if not isinstance(model, torch.nn.Module):
             raise ConfigError(f"build() needs a torch.nn.Module, got {type(model).__name__}.")
+        check_train_methods(model)  # eval() calls train(False) on every submodule
         device = self._device if self._device is not None else _model_device(model)
         model.to(device)
         return Evaluator(
@@ -163,6 +168,7 @@ class Evaluator:
         summary: bool = False,
         interrupter: Interrupter | None = None,
         autocast: Callable[[], ContextManager[Any]] | None = None,
+        dist: Distributed | None = None,
     ) -> None:
         self.model = model
         self.device = torch.device(device)
@@ -173,14 +179,22 @@ class Evaluator:
         self.summary = summary
         self.interrupter = interrupter if interrupter is not None else Interrupter()
         self._autocast = autocast if autocast is not None else contextlib.nullcontext
+        self.dist = dist
+        """The processes an FSDP fit sharded the model over: each runs its batches."""
 
     # Evaluation ------------------------------------------------------------------
     def eval(self, name: str, loader: Iterable[Any]) -> dict[str, float]:
         """Evaluate the model on every batch of `loader`; return `{metric: value}`
         over the whole set (each metric's epoch value), also saved in
         `test/<name>/values.json`. An evaluation of the same name is replaced."""
-        _check_one_process("eval")
         step, step_name = self._step()
+        if self.dist is None:
+            _check_one_process("eval")
+        elif not self.dist.main:  # its share of the batches; rank 0 writes the files
+            processor = MetricsProcessor({SPLIT: self.metrics}, {}, None, 1, gathers=True)
+            values = self._run(processor, step, step_name, loader)[0]
+            assert values is not None  # (no stop is asked for under several processes)
+            return values
         artifacts = self.artifacts
         final = artifacts.evaluation_dir(name)
         partial = artifacts.evaluation_partial(name)
@@ -190,7 +204,13 @@ class Evaluator:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         logger = _EvaluationLogger(partial)
-        processor = MetricsProcessor({SPLIT: self.metrics}, {SPLIT: [logger]}, self.renderer, 1)
+        processor = MetricsProcessor(
+            {SPLIT: self.metrics},
+            {SPLIT: [logger]},
+            self.renderer,
+            1,
+            gathers=self.dist is not None,
+        )
         reason = "failed"
         try:
             log.info(
@@ -202,7 +222,7 @@ class Evaluator:
                 ", ".join(entry.name for entry in self.metrics) or "none",
             )
             self.renderer.start(self._info(name))
-            with signal_handlers(self.interrupter):
+            with signal_handlers(self.interrupter) if self.dist is None else _NOTHING:
                 values, items, batches, tokens = self._run(processor, step, step_name, loader)
             if values is None:
                 reason = f"stopped: {self.interrupter.message or 'stop requested'}"
@@ -260,21 +280,26 @@ class Evaluator:
     ) -> tuple[dict[str, float] | None, int, int, int | None]:
         """Every batch: the step in eval mode under inference mode; the whole-set values
         (None when a stop came first), the items and the batches seen, and the tokens
-        when every batch told them (its `num_tokens`, else its output's `tokens`)."""
+        when every batch told them (its `num_tokens`, else its output's `tokens`); under
+        several processes (`dist`), this process's batches and every process's counts."""
+        share = RankShare(loader, self.dist, "eval") if self.dist is not None else None
+        loader = share.loader if share is not None else loader
         total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
-        processor.start_split(SPLIT, 1, total)
+        processor.start_split(SPLIT, 1, total if share is None else share.longest)
         planner = BatchPlanner(loader, name="evaluation", exact=False)
-        with evaluating(self.model, torch.inference_mode, self._autocast, split=SPLIT):
+        batches = planner.single_pass()
+        context = torch.inference_mode if share is None else torch.no_grad  # FSDP's buffers
+        with evaluating(self.model, context, self._autocast, split=SPLIT):
             seen = run_pass(
                 step,
                 step_name,
-                planner.single_pass(),
+                batches if share is None else share.padded(batches),
                 processor,
                 SPLIT,
                 1,
                 self.device,
                 check=True,
-                stop=self.interrupter.should_stop,
+                stop=self.interrupter.should_stop if share is None else None,
                 count=planner.count,
                 tokens=True,
             )
@@ -284,7 +309,9 @@ class Evaluator:
             raise TrainingError(
                 "The evaluation data loader yielded no batch: check that its dataset is not empty."
             )
-        values = processor.end_split()
+        values = processor.end_split(self.dist)
+        if share is not None:
+            return values, *share.totals(seen.items, seen.batches, processor.tokens())
         return values, seen.items, seen.batches, processor.tokens()
 
     def _step(self) -> tuple[Any, str]:
@@ -318,6 +345,10 @@ class Evaluator:
         model's `predict_step(batch)` when it has one, else to `forward`: the batch
         itself when it is a tensor, otherwise its first tensor (depth first through
         tuples, lists, dicts and dataclasses, e.g. the inputs of `(inputs, targets)`)."""
+        if self.dist is not None:  # every process gets every output
+            return RankShare(loader, self.dist, "predict").predict(
+                self.model, self.device, self._autocast
+            )
         _check_one_process("predict")
         return predict(self.model, loader, self.device, self._autocast)
 
@@ -386,18 +417,20 @@ class _EvaluationLogger:
         self._chains.clear()
 
 
-def learner_evaluator(options: LearnerOptions) -> Evaluator:
+def learner_evaluator(options: LearnerOptions, dist: Distributed | None = None) -> Evaluator:
     """An evaluator of a learner's model with its settings (`Learner.evaluate`,
     `Learner.predict`): its device, artifact directory, validation metrics (the
-    training ones when it has none), renderer and mixed precision. It has an
+    training ones when it has none), renderer and mixed precision; under FSDP, on the
+    processes `dist` of the fit, over which the model stays sharded. It has an
     interrupter of its own: a stop that ended `fit` (and sets `exit_code`) does not
     stop it."""
-    if options.fsdp is not None:
+    if options.fsdp is not None and (dist is None or dist.finished):
         raise TrainingError(
-            "evaluate() and predict() need the whole model, and under FSDP each process "
-            "held a shard of it until fit() ended. Load the trained weights into a plain "
-            "model (model.load_state_dict(learner.model_state_dict()) on rank 0, or the "
-            "last checkpoint with recorder.load(model, path)) and use an Evaluator."
+            "Under FSDP, evaluate() and predict() run after fit() has trained the model, on "
+            "the processes it trained on, where each holds a shard of it: call them on every "
+            "process once fit() returns. Before fit(), or after a fit that failed, load the "
+            "weights into a plain model (e.g. ember.train.load_checkpoint(directory, model)) "
+            "and use an Evaluator."
         )
     metrics = options.metrics.get("valid") or options.metrics.get("train") or ()
     return Evaluator(
@@ -409,4 +442,5 @@ def learner_evaluator(options: LearnerOptions) -> Evaluator:
         summary=options.summary,
         interrupter=Interrupter(),
         autocast=options.optimization.autocast,
+        dist=dist if options.fsdp is not None else None,
     )

@@ -34,6 +34,7 @@ from ember.train.lr_finder import LrFinderResult, lr_find
 from ember.train.memory import start_memory_history, stop_memory_history
 from ember.train.options import LearnerOptions
 from ember.train.outcome import Outcome
+from ember.train.parallel.dealt import hold, release
 from ember.train.smoke import SmokeReport, smoke_test
 from ember.train.step import check_steps
 
@@ -66,6 +67,8 @@ class Learner:
         self._state = FitState(options.num_epochs, self.kit.length)
         self._outcome: Outcome | None = None
         self._whole: dict[str, Any] | None = None
+        self._group: Distributed | None = None
+        """The processes an FSDP fit kept together after it (`hold`)."""
         self._fitted = False
 
     # What a fit shows -------------------------------------------------------------
@@ -180,6 +183,7 @@ class Learner:
             )
         if restore_best:
             kit.checkpoints.check_restore_best(self.metrics)
+        release()  # the group an earlier FSDP fit kept for its evaluations
         dist = setup(self.devices, self.options.distributed_timeout)
         lock = RunLock(kit.artifacts.lock) if dist is None or dist.main else None
         failed = True
@@ -203,8 +207,11 @@ class Learner:
         finally:
             if lock is not None:
                 lock.release()
-            if dist is not None:
+            if dist is not None and (failed or self.options.fsdp is None):
                 dist.close(failed)
+            elif dist is not None:  # the model stays sharded over it: evaluate and predict
+                hold(dist)
+                self._group = dist
 
     def _run(
         self,
@@ -278,8 +285,10 @@ class Learner:
         """Evaluate the model (after `fit`: the trained one) on `loader` as
         `Evaluator.eval` does, on the learner's device, into its artifact directory
         (`test/<name>/`), with its validation metrics (the training ones when it has
-        none); returns `{metric: value}` over the whole set."""
-        return learner_evaluator(self.options).eval(name, loader)
+        none); returns `{metric: value}` over the whole set. After an FSDP fit, every
+        process calls it: each evaluates its share of the batches with the sharded
+        model, and every process gets the values."""
+        return learner_evaluator(self.options, self._group).eval(name, loader)
 
     def lr_find(self, train: Iterable[Any], **options: Any) -> LrFinderResult:
         """The learning-rate range test on `train` (see `ember.train.lr_finder.lr_find` for
@@ -304,5 +313,6 @@ class Learner:
 
     def predict(self, loader: Iterable[Any]) -> Any:
         """The model's outputs over `loader`, on the CPU, concatenated along the first
-        dimension, as `Evaluator.predict` returns them."""
-        return learner_evaluator(self.options).predict(loader)
+        dimension, as `Evaluator.predict` returns them. After an FSDP fit, every process
+        calls it and gets every output, in the loader's order."""
+        return learner_evaluator(self.options, self._group).predict(loader)

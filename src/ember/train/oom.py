@@ -54,7 +54,7 @@ from ember.train.memory import largest_allocations as largest_allocations
 from ember.train.memory import memory_post_mortem as memory_post_mortem
 
 if TYPE_CHECKING:
-    from ember.train.length.batches import Step
+    from ember.train.length.epoch_plan import Step
 
 log = logging.getLogger(__name__)
 

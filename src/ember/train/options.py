@@ -33,6 +33,8 @@ class LearnerOptions:
     devices: tuple[torch.device, ...] | None
     """As given to `devices(...)`; None when not given."""
     distributed_timeout: float
+    rank_logs: bool
+    """Each process keeps its log lines in `rank-N.log` (`devices(..., rank_logs=True)`)."""
     artifact_dir: Path
     overwrite: bool
     num_epochs: int
@@ -42,6 +44,8 @@ class LearnerOptions:
     """Extra metric loggers per split (the file logger is always added)."""
     renderer: Renderer
     grads_accumulation: int
+    global_batch: int | None
+    """Samples of each optimizer step over every process (None: the first launch's)."""
     checkpointer: Checkpointer | None
     strategy: CheckpointingStrategy | None
     resume_from: int | str | None

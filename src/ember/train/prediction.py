@@ -23,7 +23,7 @@ def predict(
     autocast: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
 ) -> Any:
     """`Evaluator.predict` for any model and device (in eval mode, inference mode)."""
-    own = getattr(model, "predict_step", None)
+    step = prediction_step(model)
     outputs: list[Any] = []
     training = model.training
     model.eval()
@@ -35,11 +35,20 @@ def predict(
             for batch in loader:
                 if device.type != "cpu":
                     batch = to_device(batch, device)
-                output = own(batch) if callable(own) else model(_first_tensor(batch))
+                output = step(batch)
                 outputs.append(to_device(output, torch.device("cpu"), non_blocking=False))
     finally:
         model.train(training)
     return concat_outputs(outputs)
+
+
+def prediction_step(model: torch.nn.Module) -> Callable[[Any], Any]:
+    """What `predict` runs on each batch: the model's `predict_step`, or else its
+    `forward` on the batch's first tensor."""
+    own = getattr(model, "predict_step", None)
+    if callable(own):
+        return own  # type: ignore[no-any-return]
+    return lambda batch: model(_first_tensor(batch))
 
 
 def concat_outputs(outputs: list[Any]) -> Any:

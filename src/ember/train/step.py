@@ -71,7 +71,11 @@ def check_steps(model: Any, names: tuple[str, ...] = ("train_step",)) -> None:
         raise TrainingError(
             f"{type(model).__name__} has no {' or '.join(missing)} method. A model trained by "
             "the Learner defines `train_step(self, batch) -> TrainOutput` and, to be "
-            "validated, `valid_step(self, batch) -> output` (e.g. a ClassificationOutput)."
+            "validated, `valid_step(self, batch) -> output` (e.g. a ClassificationOutput). "
+            "A model whose forward returns its loss (Hugging Face, torchvision detection) or "
+            "its predictions needs none: build(model, optimizer, lr, "
+            "steps=LossFromModel(...)) (from ember.train) gives it both; see 'Models from "
+            "other libraries' in the docs."
         )
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 import torch
 
 from ember.errors import ConfigError
+from ember.train.adapters.steps import attach_steps
 from ember.train.build.state import BuilderState
 from ember.train.build.values import (
     batch_limit,
@@ -167,10 +168,31 @@ class LearnerBuilder:
         the same, and the split stays for the rest of the run (checkpoints keep it).
         One process only, automatic optimization only."""
         check_accumulation(steps)
+        if self._state.global_batch is not None:
+            raise ConfigError(
+                f"grads_accumulation({steps!r}) after global_batch("
+                f"{self._state.global_batch}): the global batch sets the accumulation of "
+                "each process. Give one of the two."
+            )
         self._state.micro_auto = steps == "auto"
         self._state.grads_accumulation = (
             1 if self._state.micro_auto else positive_int(steps, "grads_accumulation")
         )
+        return self
+
+    def global_batch(self, samples: int) -> LearnerBuilder:
+        """Fix the samples of each optimizer step over every process: each process
+        takes `samples / processes` a step, in as few micro-batches (gradient
+        accumulation) as keep each one within the training loader's batch size. A run
+        resumed on another number of processes keeps it (see docs/devices.md). Without
+        it, the global batch is the loader's batch size x processes x accumulation of
+        the run's first launch, and is kept the same way."""
+        if self._state.grads_accumulation != 1 or self._state.micro_auto:
+            raise ConfigError(
+                f"global_batch({samples!r}) after grads_accumulation(...): the global batch "
+                "sets the accumulation of each process. Give one of the two."
+            )
+        self._state.global_batch = positive_int(samples, "global_batch")
         return self
 
     def memory_history(self, max_entries: int = 100_000) -> LearnerBuilder:
@@ -226,23 +248,23 @@ class LearnerBuilder:
         *,
         timeout: float = 300.0,
         strategy: str | FsdpOptions = "ddp",
+        rank_logs: bool = False,
         **fsdp: Any,
     ) -> LearnerBuilder:
         """The devices to train on, e.g. `["cpu"]`, `["cuda:0"]`, or several
         (`["cuda:0", "cuda:1"]`: one process per device on torch.distributed, started by
         ember; under torchrun each process joins by itself). `timeout` bounds how long a
-        process waits for the others in a collective.
-
+        process waits for the others (to join the group, in a collective); `rank_logs`
+        has each process keep its own log lines in `rank-N.log` of the artifact directory.
         With several processes, `strategy` says how they share the model: "ddp" (each
-        holds a whole copy; the default), "fsdp" (each holds a shard of the
-        parameters, gradients and optimizer state) or "hsdp" (each machine's processes
-        shard one copy, the machines hold a copy each; `shard_size=N` for groups of N
-        processes), with the options of `FsdpOptions` as keywords
-        (`devices([...], strategy="fsdp", mixed_precision="bf16")`) or
-        `strategy=FsdpOptions(...)`."""
+        holds a whole copy; the default), "fsdp" (each holds a shard of the parameters,
+        gradients and optimizer state) or "hsdp" (each machine's processes shard one
+        copy, the machines hold a copy each; `shard_size=N` for groups of N processes),
+        with `FsdpOptions` as keywords (`devices([...], strategy="fsdp",
+        mixed_precision="bf16")`) or `strategy=FsdpOptions(...)`."""
         parsed = parse_devices(devices, timeout)
         self._state.fsdp = choose(strategy, fsdp, world_size(parsed))
-        self._state.devices = parsed
+        self._state.devices, self._state.rank_logs = parsed, bool(rank_logs)
         self._state.timeout = float(timeout)
         return self
 
@@ -419,15 +441,19 @@ class LearnerBuilder:
         return self._state.interrupter
 
     # Build -------------------------------------------------------------------
-    def build(self, model: torch.nn.Module, optimizer: Any, lr: Any = None) -> Learner:
+    def build(
+        self, model: torch.nn.Module, optimizer: Any, lr: Any = None, *, steps: Any = None
+    ) -> Learner:
         """The Learner for `model`. `optimizer` is a torch optimizer over the model's
         parameters or an ember optimizer config; `lr` a float, an ember scheduler or a
         `torch.optim.lr_scheduler` object. Left out, a torch optimizer trains at the
         rates of its param groups, constant (an ember optimizer config needs a rate).
+        `steps`: a `LossFromModel` for a model without step methods (docs/libraries.md).
 
         Custom optimization: `optimizer` a dict of named optimizers (`{"gen": ...,
         "disc": ...}`), `lr` a dict with the same names (or one float for all), and the
         model's `train_step(batch, ctx)` steps them through `ctx`."""
         from ember.train.learner import Learner
 
+        attach_steps(model, steps)
         return Learner(self._state.resolve(model, optimizer, lr))

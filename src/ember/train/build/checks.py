@@ -16,6 +16,7 @@ from ember.train.files.artifacts import Artifacts
 from ember.train.manual import check_automatic, check_manual
 from ember.train.optimization import needs_closure
 from ember.train.step import check_steps
+from ember.train.structure import check_loose_modules, check_train_methods
 
 if TYPE_CHECKING:
     from ember.record.protocol import Recorder
@@ -25,9 +26,11 @@ if TYPE_CHECKING:
     from ember.train.parallel import FsdpOptions
 
 
-def check_model(model: Any, optimizer: Any, lr: Any) -> None:
+def check_model(model: Any, optimizer: Any, lr: Any) -> list[str]:
     """A module, not wrapped by `torch.compile`, whose steps fit the optimization (one
-    optimizer, or a dict of them that its own `train_step` drives)."""
+    optimizer, or a dict of them that its own `train_step` drives), with torch's
+    `train(mode)` and its layers registered (`ember.train.structure`); returns a
+    warning for each container of layers that would not train."""
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"build() needs a torch.nn.Module, got {type(model).__name__}.")
     if hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule":
@@ -36,11 +39,14 @@ def check_model(model: Any, optimizer: Any, lr: Any) -> None:
             "uncompiled and its checkpoints would carry '_orig_mod.' keys. Pass the model "
             "itself and ask for compilation with LearnerBuilder.compile(**options)."
         )
+    check_train_methods(model)
+    warnings = check_loose_modules(model, optimizer)
     check_steps(model)
     if isinstance(optimizer, Mapping):
         check_manual(model, optimizer, lr)
     else:
         check_automatic(model)
+    return warnings
 
 
 def check_closures(

@@ -3,6 +3,7 @@ frozen `LearnerOptions` that `build` makes of it."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -24,6 +25,7 @@ from ember.train.build.checks import (
 )
 from ember.train.build.resolve import (
     bound_optimization,
+    caller_level,
     lr_monitor,
     place_model,
     retention,
@@ -63,6 +65,7 @@ class BuilderState:
     renderer: Renderer | None = None
     grads_accumulation: int = 1
     micro_auto: bool = False
+    global_batch: int | None = None
     memory_history: int | None = None
     sync_batchnorm: bool = False
     recorder: Recorder | None = None
@@ -70,6 +73,7 @@ class BuilderState:
     num_epochs: int = 1
     devices: list[torch.device] | None = None
     timeout: float = 300.0
+    rank_logs: bool = False
     fsdp: FsdpOptions | None = None
     checkpoint: int | str | None = None
     interrupter: Interrupter = field(default_factory=Interrupter)
@@ -126,7 +130,9 @@ class BuilderState:
         other (each failing check names its fix), place the model and make its
         optimization and checkpointer: the options `build()` hands the `Learner`."""
         state = self
-        check_model(model, optimizer, lr)
+        loose = check_model(model, optimizer, lr)  # layers a plain list hides: warned of
+        for message in loose:
+            warnings.warn(message, UserWarning, stacklevel=caller_level())
         manual = isinstance(optimizer, Mapping)
         check_precision(state.fsdp, state.mixed_precision)
         placement = from_environment()
@@ -140,6 +146,7 @@ class BuilderState:
             check_sync_batchnorm(model, world_size(state.devices))
         place_model(model, device, state.recompute, state.compile)
         optimization = state.optimization(model, optimizer, lr, device)
+        optimization.notes += loose  # and in the run's log
         check_closures(
             optimization, state.grads_accumulation, state.micro_auto, state.mixed_precision
         )
@@ -166,6 +173,7 @@ class BuilderState:
             device=device,
             devices=tuple(self.devices) if self.devices is not None else None,
             distributed_timeout=self.timeout,
+            rank_logs=self.rank_logs,
             fsdp=self.fsdp,
             artifact_dir=self.artifact_dir,
             overwrite=self.overwrite,
@@ -174,6 +182,7 @@ class BuilderState:
             loggers={split: tuple(loggers) for split, loggers in self.loggers.items()},
             renderer=self.renderer if self.renderer is not None else default_renderer(),
             grads_accumulation=self.grads_accumulation,
+            global_batch=self.global_batch,
             checkpointer=checkpointer,
             strategy=(
                 retention(self.strategy, self.metrics["valid"])

@@ -1,6 +1,7 @@
 """Checkpointing: files per epoch, written atomically in the background, with retention."""
 
 from ember.train.checkpoint.file import FileCheckpointer
+from ember.train.checkpoint.load import load_checkpoint
 from ember.train.checkpoint.strategy import (
     CheckpointingStrategy,
     ComposedCheckpointingStrategy,
@@ -14,4 +15,5 @@ __all__ = [
     "FileCheckpointer",
     "KeepLastNCheckpoints",
     "MetricCheckpointingStrategy",
+    "load_checkpoint",
 ]

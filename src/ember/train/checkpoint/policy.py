@@ -61,6 +61,11 @@ class CheckpointPolicy:
         self.loader_state: Callable[[bool], Any] | None = None
         """What each checkpoint notes of the training loader's position and random
         states, per process (`BatchPlanner.loader_state`; True: at an epoch's end)."""
+        self.layout: dict[str, int | None] | None = None
+        """How the run deals each step's samples (`Layout.state`, with its processes)."""
+        self.streams: Callable[[], list[tuple[int, Any]]] | None = None
+        """The random streams of the layout's columns this process runs (None: they are
+        not kept apart)."""
 
     # Resuming -----------------------------------------------------------------------
     def resume_point(self) -> Resume:
@@ -162,6 +167,13 @@ class CheckpointPolicy:
             learner["log_lines"] = lines
         if self.data is not None:
             learner["data"] = dict(self.data)
+        if self.layout is not None:
+            learner["layout"] = dict(self.layout)
+        if self.streams is not None:  # every column's stream, from the processes that run it
+            local = self.streams()
+            parts = dist.all_gather(local) if dist is not None else [local]
+            found = {column: stream for part in parts for column, stream in part}
+            learner["columns"] = [found[column] for column in sorted(found)]
         mark = self.history.mark()
         if mark is not None:  # the history's lines now: a resume from here finds them all
             learner["history_mark"] = list(mark)

@@ -27,6 +27,9 @@ class Resume:
         self.replace = replace
         """A fresh run of checkpoint("auto"): the logs of an earlier attempt that saved no
         checkpoint are replaced."""
+        self.stream: dict[str, Any] | None = None
+        """This process's random stream to go on from, when the column it runs was run
+        by another process when the checkpoint was taken (`ColumnStreams`)."""
 
     def metric_states(self, dist: Any) -> list[dict[str, Any]]:
         """The whole-epoch metric states a mid-epoch checkpoint kept that this process

@@ -17,7 +17,7 @@ import torch
 from ember.data.device import to_device
 from ember.errors import TrainingError
 from ember.rng import capture_rng_state, restore_rng_state
-from ember.train.length.batches import StandIn
+from ember.train.length.epoch_plan import StandIn
 from ember.train.length.loader_view import own_count
 from ember.train.processor import MetricsProcessor
 from ember.train.step import call_step, start_split

@@ -16,8 +16,8 @@ from ember.train.fit.parts import FitParts
 from ember.train.fit.state import EndedInside, FitState
 from ember.train.fit.steady import steady_steps
 from ember.train.fit.stepper import Stepper
-from ember.train.length.batches import EpochPlan, Step
 from ember.train.length.duration import crossed
+from ember.train.length.epoch_plan import EpochPlan, Step
 from ember.train.length.position import Position
 from ember.train.length.stop_vote import StopVote, agree_stop
 from ember.train.outcome import Outcome

@@ -19,6 +19,7 @@ from ember.train.guard import LossGuard
 from ember.train.history import RunHistory
 from ember.train.length.batches import BatchPlanner
 from ember.train.length.run_length import RunLength
+from ember.train.length.streams import ColumnStreams
 from ember.train.logger.application import FileApplicationLogger
 from ember.train.logger.base import MetricLogger
 from ember.train.manual import ManualOptimization, StepContext
@@ -135,6 +136,9 @@ class FitParts:
     read every step."""
     records: SavedRecords | None = None
     """The run's records as a resumed fit read and checked them, before writing (rank 0)."""
+    streams: ColumnStreams | None = None
+    """The random streams of the layout's columns this process runs, when it runs
+    several (a run resumed on fewer processes than it started on)."""
 
     @property
     def main(self) -> bool:

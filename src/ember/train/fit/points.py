@@ -27,8 +27,9 @@ from ember.train.files.artifacts import Artifacts
 from ember.train.files.metric_files import add_lines, write_matrix
 from ember.train.fit.evaluation import evaluating, model_copy, run_pass
 from ember.train.history import Points, RunHistory
-from ember.train.length.batches import BatchPlanner, Step
+from ember.train.length.batches import BatchPlanner
 from ember.train.length.duration import Counters, Duration, crossed
+from ember.train.length.epoch_plan import Step
 from ember.train.logger.base import MetricRecord
 from ember.train.metric.base import RegisteredMetric
 from ember.train.processor import MetricsProcessor

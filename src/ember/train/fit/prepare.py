@@ -11,6 +11,8 @@ import logging
 from dataclasses import replace
 from typing import Any, Iterable
 
+import torch
+
 from ember.durable import together
 from ember.errors import TrainingError
 from ember.train import metric_exchange as exchange
@@ -29,11 +31,12 @@ from ember.train.files.run_record import (
 )
 from ember.train.fit.evaluation import check_not_empty, check_validation
 from ember.train.fit.events import FitEvents
+from ember.train.fit.layouts import training_plan
 from ember.train.fit.parts import FitParts, Lasting
 from ember.train.fit.state import FitState
 from ember.train.length.batches import BatchPlanner
 from ember.train.length.position import Position
-from ember.train.logger.application import FileApplicationLogger
+from ember.train.logger.application import FileApplicationLogger, RankLogFile
 from ember.train.logger.base import MetricLogger, RunStart, start_loggers
 from ember.train.logger.file import FileMetricLogger
 from ember.train.oom import RankSplit
@@ -64,18 +67,21 @@ def prepare(
     resume = kit.checkpoints.resume_point()
     records = check_records(kit, resume) if main else None
     shard = (dist.rank, dist.world) if dist is not None else None
-    train_limit, valid_limit = options.limit_batches
+    valid_limit = options.limit_batches[1]
     stand_ins = options.fsdp is not None  # every forward gathers from every process
-    train_plan = BatchPlanner(train, options.grads_accumulation, shard, train_limit, stand_ins)
+    train_plan, streams, dealt = training_plan(options, resume, train, shard, kit.checkpoints)
+    if kit.points is not None:  # validation points count the steps as the plan groups them
+        kit.points.accumulation = train_plan.accumulation
     train_plan.check_limit("training", "train")
+    train_plan.check_whole_steps("training")
     train_plan.count.needs = count_needs(kit)
     valid_plan = None
     if valid is not None:
         valid_plan = BatchPlanner(valid, 1, shard, valid_limit, stand_ins, "validation", False)
         valid_plan.check_limit("validation", "valid")
     kit.length.counters = resume.position.counters
-    notes = [*optim.notes, *count_steps(kit, state, train_plan, resume.position)]
-    if dist is not None:  # a shuffled loader ember shards takes rank 0's order
+    notes = [*optim.notes, *dealt, *count_steps(kit, state, train_plan, resume.position)]
+    if dist is not None or train_plan.layout is not None:  # a shuffled loader ember deals
         saved = resume.state["learner"].get("data") if resume.state is not None else None
         train_plan.share_order(dist, saved.get("seed") if isinstance(saved, dict) else None)
         if valid_plan is not None:
@@ -97,16 +103,22 @@ def prepare(
     notes += [*resume.notes, *kit.checkpoints.restore(resume, model, optim, dist)]
     if resume.state is not None:
         saved_rng = kit.checkpoints.saved_rng(resume, dist)
-        train_plan.resume(saved_rng.get("loader"), saved_rng.get("torch"), resume.position)
-    app_log = FileApplicationLogger(kit.artifacts.experiment_log)
+        stream = resume.stream  # the stream of the column this process now runs
+        after = stream["torch"] if stream is not None else saved_rng.get("torch")
+        train_plan.resume(saved_rng.get("loader"), after, resume.position)
+        if stream is not None and stream.get("cuda") is not None and options.device.type == "cuda":
+            torch.cuda.set_rng_state(stream["cuda"].cpu().to(torch.uint8), options.device)
+    own = None  # rank-N.log: each process's own lines (devices(..., rank_logs=True))
+    if dist is not None and options.rank_logs:
+        own = RankLogFile(kit.artifacts.rank_log(dist.rank), dist.rank)
+    app_log = FileApplicationLogger(kit.artifacts.experiment_log, rank_log=own)
     if options.application_log and main:
         app_log.check()
     if main and resume.state is None:  # a fresh run: a directory holding a run is refused or
         overwrite = options.overwrite or resume.replace  # replaced (checkpoint("auto"))
         kit.artifacts.prepare(None, overwrite)
     load_history(kit, resume, records, main, dist)
-    if options.application_log and main:
-        app_log.install()
+    app_log.install(main=options.application_log and main)
     if main and lock is not None and lock.takeover_message:
         notes.append(lock.takeover_message)
     complete = kit.length.finished(resume.position)  # a finished run: nothing to show
@@ -143,6 +155,7 @@ def prepare(
         device=options.device,
         move=options.device.type != "cpu",
         records=records,
+        streams=streams,
     )
     return parts, notes
 
@@ -171,7 +184,9 @@ def start(parts: FitParts, state: FitState, notes: list[str], valid: Iterable[An
     validation step, then write the run's records (`commit`) and start the loggers."""
     start, dist, options = parts.resume.position, parts.dist, parts.options
     for note in notes:
-        resumed = note.startswith(("Resumed from", "Resuming from", "checkpoint('auto')"))
+        resumed = note.startswith(
+            ("Resumed from", "Resumed on", "Resuming from", "checkpoint('auto')")
+        )
         log.log(logging.INFO if resumed else logging.WARNING, "%s", note)
     if dist is not None:
         prepare_processes(parts, dist)
@@ -336,3 +351,4 @@ def prepare_processes(parts: FitParts, dist: Distributed) -> None:
             plan.check_stand_ins(name)
     exchange.warn_unmerged(parts.processor.states)
     dist.barrier()  # rank 0 has prepared the artifact directory
+    parts.app_log.open_rank_log()

@@ -26,7 +26,7 @@ from ember.train import memory
 from ember.train.events import ProcessedItem
 from ember.train.fit.parts import FitParts
 from ember.train.fit.state import FitState
-from ember.train.length.batches import StandIn, Step
+from ember.train.length.epoch_plan import StandIn, Step
 from ember.train.oom import run_split, run_split_ranks
 from ember.train.output import loss_weight, summed_loss_hint
 from ember.train.parallel import no_sync
@@ -153,6 +153,8 @@ class Stepper:
         last, finite = len(step.batches) - 1, True
         tokens: Any = 0  # the group's tokens, when its losses are means over tokens
         origins = step.origins
+        streams: Any = parts.streams
+        columns = step.columns if streams is not None else None
         counts_tokens = length.counts_tokens
         if counts_tokens:
             length.start_step()
@@ -168,6 +170,8 @@ class Stepper:
                 batch = to_device(batch, parts.device)
             events.at(epoch, iteration)
             share: Any = step.shares[index]
+            if columns is not None:  # the forward draws from its column's stream
+                streams.enter(columns[index if origins is None else origins[index]])
             if manual is not None:  # custom optimization: the step runs backward itself
                 with no_sync(wrapped, index < last), flops.count():
                     output, ok = self._manual_batch(batch, step, index)
@@ -177,6 +181,8 @@ class Stepper:
             else:
                 with no_sync(wrapped, index < last), flops.count():
                     output, ok, weight = self._train_batch(forward, batch, share)
+            if columns is not None:
+                streams.leave(columns[index if origins is None else origins[index]])
             if optim.closes and manual is None:  # L-BFGS: this was the closure's first call
                 optim.closure = optim.reevaluation(again(forward, batch), output.loss, weight)
             finite = ok and finite

@@ -1,25 +1,24 @@
-"""The batch plan of an epoch: which batches each optimizer step takes, and their weights.
+"""The batch plan of each epoch of one data loader (`BatchPlanner`).
 
-For one data loader, `BatchPlanner` finds the epoch-aware sampler once, then for each
-epoch seeds it, makes it skip what a resumed run has already done, gives each process
-its shard, and groups the batches by gradient accumulation. Each `Step` carries what
-the loop needs to run it: the batches, their iteration numbers, each batch's share of
-the step's samples (the gradient of the mean loss over every process's samples, even
-when the last batches are uneven), the samples counted for progress, and whether
-every process still has batches (so a stop can be agreed at this step).
+It finds the epoch-aware sampler once, then for each epoch seeds it, makes it skip
+what a resumed run has already done, gives each process its share (dealt by the run's
+`Layout` where ember's sampler reads the loader) and groups the batches by gradient
+accumulation into the steps of an `EpochPlan`.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
-from ember.data.sampler import ResumableSampler
+from ember.data.layout import Layout
+from ember.data.sampler import DealtBatches, ResumableSampler
 from ember.errors import ConfigError, TrainingError
+from ember.train.length.epoch_plan import EpochPlan, ShardPlan
 from ember.train.length.loader_view import (
     Count,
     TorchLoaderView,
@@ -28,7 +27,7 @@ from ember.train.length.loader_view import (
     is_stateful,
 )
 from ember.train.length.position import Position
-from ember.train.length.shares import process_share
+from ember.train.length.shares import dealable, process_share
 
 log = logging.getLogger(__name__)
 
@@ -40,179 +39,6 @@ def find_sampler(loader: Any) -> Any:
         if callable(getattr(sampler, "set_epoch", None)):
             return sampler
     return None
-
-
-class Step(NamedTuple):
-    """One optimizer step's batches (all of them, even under accumulation). A named
-    tuple: one is made per optimizer step, so it must be cheap."""
-
-    batches: list[Any]
-    """The batches; a process with fewer than the others may end with `StandIn`s."""
-    first: int
-    """The iteration number of the first batch (1-based, counted over the epoch)."""
-    sizes: list[int]
-    """Samples of each batch on this process."""
-    shares: list[float]
-    """Each batch's factor on its loss: its fraction of the step's samples (all processes)."""
-    items: list[int]
-    """Samples each batch adds to the epoch's count (all processes)."""
-    may_vote: bool
-    """Every process has this step's batches: a stop can be agreed on after it."""
-    origins: list[int] | None = None
-    """Micro-batches (`grads_accumulation("auto")`): the index of each one's batch."""
-
-
-class StandIn(NamedTuple):
-    """A batch a process runs only to take part in the others' collectives, when it has
-    fewer batches than they have (under FSDP every forward gathers parameters from
-    every process): a batch of its own again, whose loss weighs nothing and whose
-    outputs are not counted."""
-
-    batch: Any
-
-
-class ShardPlan:
-    """How many samples every process has in each batch of an epoch, known to every
-    process without communication (the sharding is deterministic). It lets each
-    process weight its loss so the synchronised gradient is the gradient of the global
-    mean loss, even when the last batches are uneven."""
-
-    def __init__(self, lengths: Sequence[int], batch_size: int, drop_last: bool) -> None:
-        self.lengths = list(lengths)
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.min_batches = min(self.batches(length) for length in self.lengths)
-
-    def batches(self, length: int) -> int:
-        """Batches of a process that has `length` samples."""
-        return length // self.batch_size if self.drop_last else -(-length // self.batch_size)
-
-    def size(self, rank: int, step: int) -> int:
-        """Samples of `rank` in its `step`-th batch (0-based) of this epoch's run."""
-        size = min(self.batch_size, max(0, self.lengths[rank] - step * self.batch_size))
-        return 0 if self.drop_last and size < self.batch_size else size
-
-    def global_items(self, first: int, count: int = 1) -> int:
-        """Samples of all processes in batches `first` .. `first + count - 1`."""
-        return sum(
-            self.size(rank, step)
-            for rank in range(len(self.lengths))
-            for step in range(first, first + count)
-        )
-
-
-class EpochPlan:
-    """The steps of one epoch of one loader, from where a resumed run stands."""
-
-    def __init__(
-        self,
-        opened: Callable[[], Iterator[Any]],
-        accumulation: int,
-        start: Position,
-        total: int | None,
-        count: Callable[[Any], int],
-        shards: ShardPlan | None,
-        world: int,
-        limit: int | None = None,
-        longest: int | None = None,
-    ) -> None:
-        self._opened = opened
-        """The epoch's batches from where a resumed run stands."""
-        self.count = count
-        """The items of each batch, in the order they come (the loader's count)."""
-        self.accumulation = accumulation
-        self.start = start
-        self.total = total
-        """Batches in the epoch, those done before a resume included (None: unknown)."""
-        self._shards = shards
-        self._world = world
-        self._limit = limit
-        self._longest = longest
-        """Batches (from the start) of the process with the most: this one's are padded
-        with stand-ins up to them (FSDP); None: no padding."""
-
-    def batches(self) -> Iterator[Any]:
-        """The epoch's batches from where a resumed run stands, up to the batch limit
-        (then stand-ins, up to the batches of the process with the most)."""
-        batches = self._opened()
-        if self._limit is not None:
-            batches = itertools.islice(batches, max(0, self._limit - self.start.iteration))
-        if self._longest is not None:
-            return self._padded(batches, self._longest)
-        return batches
-
-    def _padded(self, batches: Iterator[Any], longest: int) -> Iterator[Any]:
-        count, batch = 0, None
-        for batch in batches:
-            count += 1
-            yield batch
-        if count == 0 < longest:
-            raise TrainingError(
-                f"In epoch {self.start.epoch} this process has no batch of its own left "
-                f"(after iteration {self.start.iteration}), while another has "
-                f"{longest}: it has none to run as a stand-in for them. Resume on fewer "
-                "processes, or from a checkpoint at an epoch's end."
-            )
-        for _ in range(longest - count):
-            yield StandIn(batch)
-
-    def __iter__(self) -> Iterator[Step]:
-        return self.steps(self.batches())
-
-    @property
-    def uneven(self) -> bool:
-        """Processes have different numbers of batches left in this epoch (without
-        stand-ins): DDP must then keep answering the others' reductions (`join`)."""
-        shards = self._shards
-        if shards is None or self._longest is not None:
-            return False
-        left = None if self._limit is None else self._limit - self.start.iteration
-        counts = {
-            shards.batches(length) if left is None else min(left, shards.batches(length))
-            for length in shards.lengths
-        }
-        return len(counts) > 1
-
-    @property
-    def single(self) -> bool:
-        """Each step is one batch of this process alone (`steps` yields a step per
-        item of `batches()`, in order)."""
-        return self.accumulation == 1 and self._shards is None
-
-    def steps(self, batches: Iterator[Any]) -> Iterator[Step]:
-        """The steps of `batches` (from `batches()`)."""
-        done = 0  # batches of this run so far
-        shards, world = self._shards, self._world
-        if self.accumulation == 1 and shards is None:  # a step per batch, weighing all of it
-            first, shares, count = self.start.iteration + 1, [float(world)], self.count
-            for done, batch in enumerate(batches):
-                sizes = [count(batch)]  # the samples of the batch, and of the step's count
-                yield tuple.__new__(Step, ([batch], first + done, sizes, shares, sizes, True, None))
-            return
-        # with stand-ins, a stop is agreed on only while every process has a batch of its
-        # own after it, which a run resumed there repeats as its stand-in
-        votes = 0 if shards is None else shards.min_batches
-        if shards is not None and self._longest is not None and votes < self._longest:
-            votes -= 1
-        while True:
-            group = list(itertools.islice(batches, self.accumulation))
-            if not group:
-                return
-            sizes = [0 if type(batch) is StandIn else self.count(batch) for batch in group]
-            if shards is None:
-                total = sum(sizes) or len(group)
-                items = sizes
-                may_vote = True
-            else:
-                total = shards.global_items(done, len(group))
-                items = [shards.global_items(done + index) for index in range(len(group))]
-                may_vote = done + self.accumulation <= votes
-            shares = [
-                0.0 if type(batch) is StandIn else (size or 1) * world / total
-                for batch, size in zip(group, sizes)
-            ]
-            yield Step(group, self.start.iteration + done + 1, sizes, shares, items, may_vote)
-            done += len(group)
 
 
 class BatchPlanner:
@@ -228,13 +54,22 @@ class BatchPlanner:
         stand_ins: bool = False,
         name: str = "training",
         exact: bool = True,
+        layout: Layout | None = None,
     ) -> None:
         self.loader = loader
         self.name = name
         self.sampler = find_sampler(loader)
         batch_sampler = None
-        if shard is not None and is_indexed(loader):
-            self.sampler, batch_sampler = process_share(loader, name, *shard)
+        rank, world = shard if shard is not None else (0, 1)
+        size = getattr(loader, "batch_size", None)
+        if layout is None and shard is not None and type(size) is int and size > 0:
+            layout = Layout(size, world, accumulation)  # as the processes start the run
+        if is_indexed(loader) and (shard is not None or (layout and dealable(loader))):
+            self.sampler, batch_sampler = process_share(loader, name, rank, world, layout)
+        self.layout = layout if isinstance(batch_sampler, DealtBatches) else None
+        """How each step's samples are dealt, where ember's sampler deals them."""
+        if self.layout is not None:
+            accumulation = self.layout.shards // world
         if callable(getattr(self.sampler, "skip", None)):
             self.sampler.skip(0)  # a skip an earlier fit set and never read is not this one's
         self.view = (
@@ -288,16 +123,48 @@ class BatchPlanner:
             return None
 
     def share_order(self, dist: Any, saved: Any) -> None:
-        """Several processes: a shuffled loader given a sampler of ember's
-        (`process_share`) shuffles with rank 0's seed on every process (`saved`: the
-        seed a resumed run's checkpoint noted, which it keeps)."""
+        """A shuffled loader given a sampler of ember's (`process_share`) shuffles with
+        rank 0's seed on every process (`saved`: the seed a resumed run's checkpoint
+        noted, which it keeps; `dist` None: one process)."""
         sampler = self.sampler
         if not isinstance(sampler, ResumableSampler) or sampler.seed is None:
             return
-        if self.loader.sampler is sampler:  # type: ignore[attr-defined]
+        if isinstance(self.loader.sampler, ResumableSampler):  # type: ignore[attr-defined]
             return  # DataLoaderBuilder's: the user's seed
         seed = saved if type(saved) is int else sampler.seed
-        sampler.seed = dist.broadcast(seed)
+        sampler.seed = dist.broadcast(seed) if dist is not None else seed
+
+    @property
+    def stream_columns(self) -> list[int] | None:
+        """The random stream of each of this process's micro-batches in a step, when it
+        runs several of the layout's streams and they can be kept apart (None: the
+        process's own stream serves them)."""
+        layout = self.layout
+        rank, world = self.shard if self.shard is not None else (0, 1)
+        if layout is None or not layout.streams_kept(world) or layout.streams == world:
+            return None
+        return [layout.stream(shard) for shard in layout.own(rank, world)]
+
+    def _shard_plan(self, start: Position | None = None) -> ShardPlan | None:
+        """Every process's batches of an epoch, from `start` (None: the whole epoch)."""
+        sampler, loader = self.sampler, self.loader
+        if self.shard is None or sampler is None:
+            return None
+        world = self.shard[1]
+        if self.layout is not None:
+            whole = sampler.whole_steps
+            total = len(sampler.data_source)
+            total -= total % self.layout.global_batch if whole else 0
+            done = start.items if start is not None else 0
+            return ShardPlan(self.layout, world, max(0, total - done), whole)
+        size = int(loader.batch_size)  # type: ignore[attr-defined]
+        sampler.shard(*self.shard)  # a sampler made for each process: as many each
+        length = sampler.shard_lengths()[self.shard[0]]
+        if loader.drop_last:  # type: ignore[attr-defined]
+            length -= length % size
+        if start is not None:
+            length = max(0, length - start.iteration * size)
+        return ShardPlan(Layout(size, world, self.accumulation), world, world * length, False)
 
     @property
     def uneven(self) -> bool:
@@ -365,6 +232,20 @@ class BatchPlanner:
                 "ember.data.DataLoaderBuilder."
             )
 
+    def check_whole_steps(self, name: str) -> None:
+        """Under drop_last, an epoch of the dealt loader has at least one full step."""
+        layout, sampler = self.layout, self.sampler
+        if layout is None or not sampler.whole_steps:
+            return
+        samples = len(sampler.data_source)
+        if samples < layout.global_batch:
+            raise TrainingError(
+                f"The {name} data loader drops an epoch's last incomplete step (drop_last), "
+                f"and its {samples} samples make no full step of {layout.global_batch} (the "
+                "global batch): no batch is left to train. Use a smaller batch size, fewer "
+                "processes, or drop_last=False."
+            )
+
     def check_even(self, name: str, why: str, fix: str) -> None:
         """Every process runs the same number of batches (`why` says what needs it)."""
         counts = self._batch_counts()
@@ -392,16 +273,10 @@ class BatchPlanner:
 
     def _batch_counts(self) -> list[int] | None:
         """Batches of an epoch on each process, when there are several."""
-        sampler = self.sampler
-        if self.shard is None or sampler is None:
+        plan = self._shard_plan()
+        if plan is None:
             return None
-        sampler.shard(*self.shard)
-        plan = ShardPlan(
-            sampler.shard_lengths(),
-            int(self.loader.batch_size),  # type: ignore[attr-defined]
-            bool(self.loader.drop_last),  # type: ignore[attr-defined]
-        )
-        counts = [plan.batches(length) for length in plan.lengths]
+        counts = plan.counts()
         if self.limit is None:
             return counts
         limit = self.limited(max(counts))  # the batch limit, the same for every process
@@ -426,20 +301,23 @@ class BatchPlanner:
         or sampler length)."""
         loader: Any = self.loader
         size, drop_last = getattr(loader, "batch_size", None), getattr(loader, "drop_last", False)
-        if not isinstance(size, int) or size < 1:
-            return None
-        if self.shard is not None and self.sampler is not None:
-            self.sampler.shard(*self.shard)
-            lengths = list(self.sampler.shard_lengths())
-        else:
+        plan = self._shard_plan()
+        if plan is None and self.layout is not None:  # one process dealt by a layout
+            whole = self.sampler.whole_steps
+            total = len(self.sampler.data_source)
+            total -= total % self.layout.global_batch if whole else 0
+            plan = ShardPlan(self.layout, 1, total, whole)
+        if plan is None:
+            if not isinstance(size, int) or size < 1:
+                return None
             length = _sized(getattr(loader, "sampler", None))
             if length is None:
                 length = _sized(getattr(loader, "dataset", None))
             if length is None:
                 return None
-            lengths = [length]
-        plan = ShardPlan(lengths, size, bool(drop_last))
-        batches = self.limited(max(plan.batches(length) for length in lengths)) or 0
+            length -= length % size if drop_last else 0
+            plan = ShardPlan(Layout(size, 1, self.accumulation), 1, length, False)
+        batches = self.limited(max(plan.counts())) or 0
         return [
             plan.global_items(first, min(self.accumulation, batches - first))
             for first in range(0, batches, self.accumulation)
@@ -477,23 +355,26 @@ class BatchPlanner:
         opened, count = self._opening(epoch, start)
         if limit is not None:  # a loader without length counts as long as the limit
             total = limit if total is None else min(total, limit)
-        shards = None
-        if self.shard is not None:
-            shards = ShardPlan(
-                sampler.shard_lengths(),
-                int(self.loader.batch_size),  # type: ignore[attr-defined]
-                bool(self.loader.drop_last),  # type: ignore[attr-defined]
-            )
-            if limit is not None:
-                shards.min_batches = min(shards.min_batches, limit - start.iteration)
+        shards = self._shard_plan(start)
+        if shards is not None and limit is not None:
+            shards.min_batches = min(shards.min_batches, limit - start.iteration)
         longest = None
         if shards is not None and self.stand_ins:
-            longest = max(shards.batches(length) for length in shards.lengths)
+            longest = max(shards.counts())
             if limit is not None:
                 longest = min(longest, limit - start.iteration)
         world = self.shard[1] if self.shard is not None else 1
         return EpochPlan(
-            opened, self.accumulation, start, total, count, shards, world, limit, longest
+            opened,
+            self.accumulation,
+            start,
+            total,
+            count,
+            shards,
+            world,
+            limit,
+            longest,
+            self.stream_columns,
         )
 
     def _opening(

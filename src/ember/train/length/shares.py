@@ -9,11 +9,13 @@ is refused, naming the fix (`process_share`).
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 
-from ember.data.sampler import ResumableSampler
+from ember.data.layout import Layout
+from ember.data.sampler import DealtBatches, ResumableSampler
 from ember.errors import TrainingError
 
 
@@ -35,16 +37,38 @@ class DistributedShares:
         return [len(self.sampler)] * int(self.sampler.num_replicas)
 
 
-def process_share(loader: Any, name: str, rank: int, world: int) -> tuple[Any, Any]:
+def dealable(loader: Any) -> bool:
+    """A torch DataLoader whose samples ember can deal by a `Layout` (its sampler is
+    ours, or torch's plain or shuffled one under a plain batch sampler)."""
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+    sampler = loader.sampler
+    if isinstance(sampler, ResumableSampler):
+        return True
+    return (
+        type(sampler) in (SequentialSampler, RandomSampler)
+        and type(loader.batch_sampler) is BatchSampler
+        and not (type(sampler) is RandomSampler and sampler.replacement)
+    )
+
+
+def process_share(
+    loader: Any, name: str, rank: int, world: int, layout: Layout | None = None
+) -> tuple[Any, Any]:
     """The sampler that gives this process its share of a torch DataLoader's epochs,
     and the batch sampler to read it with (None: the loader's own). A
     `DistributedSampler` made for this process is used as it is; a plain or shuffled
     loader gets one of ember's, which gives every process its exact share (the
     epoch's order dealt out in turn, no sample padded or dropped), shuffling with a
-    seed rank 0 chooses (`BatchPlanner.share_order`); another sampler is refused."""
+    seed rank 0 chooses (`BatchPlanner.share_order`); another sampler is refused.
+    Under a `layout` ember's sampler deals each step's samples by it (`DealtBatches`)."""
     sampler = loader.sampler
     if callable(getattr(sampler, "shard", None)):  # DataLoaderBuilder's
-        return sampler, None
+        if layout is None:
+            return sampler, None
+        shared = copy.copy(sampler)  # the loader's own stays as it is, for other uses
+        shared.deal(layout, rank, world, bool(loader.drop_last))
+        return shared, DealtBatches(shared)
     if hasattr(sampler, "num_replicas") and hasattr(sampler, "rank"):
         if (int(sampler.num_replicas), int(sampler.rank)) != (world, rank):
             raise TrainingError(
@@ -83,5 +107,8 @@ def process_share(loader: Any, name: str, rank: int, world: int) -> tuple[Any, A
         else:
             generator.set_state(before)
     shared = ResumableSampler(loader.dataset, seed)
+    if layout is not None:
+        shared.deal(layout, rank, world, bool(loader.drop_last))
+        return shared, DealtBatches(shared)
     shared.shard(rank, world)
     return shared, BatchSampler(shared, int(loader.batch_size), bool(loader.drop_last))

@@ -31,7 +31,7 @@ from ember.train.memory_estimate.figures import MemoryEstimate, MemoryEstimateEr
 from ember.train.parallel.fsdp import units
 
 if TYPE_CHECKING:
-    from ember.train.length.batches import Step
+    from ember.train.length.epoch_plan import Step
     from ember.train.options import LearnerOptions
     from ember.train.parallel import FsdpOptions
 

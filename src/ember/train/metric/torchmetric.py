@@ -20,7 +20,9 @@ class TorchMetric:
     epoch state plus the batch value, torchmetrics' own cheapest path); the epoch value
     is `compute()` over the epoch and `clear()` calls `reset()`. The metric moves to
     the device of the first batch it sees. Predictions and targets are read from the
-    input's `output` (or `logits`) and `targets`. Whether an update waits for the
+    input's `output` (or `logits`) and `targets`: tensors, or lists of one item per
+    sample as they are (a detection model's dicts of boxes, for `MeanAveragePrecision`
+    with `input_type=ForwardOutput`). Whether an update waits for the
     device is up to the wrapped metric (torchmetrics' `validate_args=False` avoids
     its argument checks, which do). An exception raised by the wrapped metric becomes
     a `TrainingError` naming the metric and the shapes it was given.
@@ -54,29 +56,36 @@ class TorchMetric:
         self._updated = False
 
     def update(self, input: Any, meta: MetricMetadata) -> MetricValue:
-        preds = getattr(input, "output", None)
+        preds: Any = getattr(input, "output", None)
         if preds is None:
             preds = getattr(input, "logits", None)
-        targets = getattr(input, "targets", None)
-        if not isinstance(preds, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        targets: Any = getattr(input, "targets", None)
+        listed = isinstance(preds, (list, tuple)) and isinstance(targets, (list, tuple))
+        if not listed and (
+            not isinstance(preds, torch.Tensor) or not isinstance(targets, torch.Tensor)
+        ):
             raise TrainingError(
                 f"{self.name}: {type(input).__name__} has no `output` (or `logits`) and "
-                "`targets` tensors to pass to the torchmetrics metric."
+                "`targets` tensors (or lists, one item per sample) to pass to the "
+                "torchmetrics metric."
             )
-        if self._device != preds.device:
-            self.metric.to(preds.device)
-            self._device = preds.device
+        device = _device(preds)
+        if device is not None and self._device != device:
+            self.metric.to(device)
+            self._device = device
         try:
-            value = self.metric(preds.detach(), targets)
+            value = self.metric(preds if listed else preds.detach(), targets)
         except EmberError:
             raise
         except Exception as error:
             raise TrainingError(
                 f"TorchMetric {self.name!r} ({type(self.metric).__name__}) cannot read "
-                f"outputs {dims(preds.shape)} {dtype_name(preds)} and targets "
-                f"{dims(targets.shape)} {dtype_name(targets)}: {type(error).__name__}: {error}"
+                f"outputs {_shape(preds)} and targets {_shape(targets)}: "
+                f"{type(error).__name__}: {error}"
             ) from error
         self._updated = True
+        if listed:  # a list per sample (a detection model's dicts of boxes)
+            return MetricValue(value, len(preds))
         return MetricValue(value, int(preds.shape[0]) if preds.dim() else 1)
 
     def epoch_value(self) -> Any:
@@ -88,3 +97,21 @@ class TorchMetric:
     def clear(self) -> None:
         self.metric.reset()
         self._updated = False
+
+
+def _device(value: Any) -> torch.device | None:
+    """The device of a tensor, or of the first tensor in a list of tensors or dicts."""
+    if isinstance(value, torch.Tensor):
+        return value.device
+    for item in value:
+        found = item.values() if isinstance(item, dict) else [item]
+        for tensor in found:
+            if isinstance(tensor, torch.Tensor):
+                return tensor.device
+    return None
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{dims(value.shape)} {dtype_name(value)}"
+    return f"a {type(value).__name__} of {len(value)}"
