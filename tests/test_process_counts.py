@@ -232,10 +232,15 @@ def test_a_run_keeps_its_first_launchs_global_batch_and_streams_on_fewer_process
     micro-batch dealt to two processes, the samples the same and the masks not."""
     task = ("--batch", "8", "--dropout", "0.2")
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    ended = tmp_path / "ended"  # 19 steps: the whole of epoch 1 (301 samples, 16 a step)
     wait(run(straight, 2, *task), run(stopped, 2, *task, "--steps", "7"))
-    alone = tmp_path / "alone"
+    wait(run(ended, 2, *task, "--steps", "19"))
+    alone, after_end = tmp_path / "alone", tmp_path / "after-end"
     wait(resumed(stopped, alone, 1, *task, per_step=2))
-    assert same_run(alone, straight) == 0.0  # bit for bit, measured
+    wait(resumed(ended, after_end, 1, *task, per_step=2))
+    assert "Resumed from the checkpoint of epoch 1." in (after_end / "experiment.log").read_text()
+    for run_alone in (alone, after_end):
+        assert same_run(run_alone, straight) == 0.0  # bit for bit, measured
     four = tmp_path / "four"
     wait(resumed(stopped, four, 4, *task))
     assert order(four) == order(straight)

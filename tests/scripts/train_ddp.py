@@ -6,7 +6,7 @@ Usage: python train_ddp.py DIR [--processes N] [--batch B] [--epochs E] [--fail-
     [--clip NORM] [--device cpu|cuda] [--recompute]
     [--valid-every N] [--limit-train N] [--nan-rank R --nan-step S] [--skip-nonfinite]
     [--save-every-rank] [--token-mean] [--train-for DURATION] [--fits N [--oom-rank R]]
-    [--direct] [--lm] [--samples N] [--sync-bn]
+    [--direct] [--lm] [--samples N] [--sync-bn] [--rank-logs]
 Under torchrun, pass --processes 1: torchrun provides the processes.
 
 --strategy fsdp shards the model (each hidden block of --mlp is a unit of its own),
@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sync-bn", action="store_true")
     parser.add_argument("--shard-size", type=int, default=None)
     parser.add_argument("--train-for", default=None)
+    parser.add_argument("--rank-logs", action="store_true")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -217,6 +218,8 @@ def main(argv: list[str] | None = None) -> None:
             strategy["shard_size"] = args.shard_size
         if args.sharded_checkpoints:
             strategy["sharded_checkpoints"] = True
+    if args.rank_logs:  # each process's own lines in rank-N.log
+        strategy["rank_logs"] = True
     if args.resume:
         builder = builder.checkpoint("latest")
     if args.valid_every is not None:

@@ -9,7 +9,9 @@ the process group to ember. `--stop-at N` asks rank 1 to stop after its N-th ste
 an epoch, `--slow S` sleeps S seconds after each step, `--resume` resumes from the
 latest checkpoint, `--auto` with checkpoint("auto"), `--every K` checkpoints every K
 steps, `--preemption SIG` sets preemption(SIG, requeue=True), `--pids D` has each
-process write D/pid-RANK at its second step and D/exit-RANK at its end.
+process write D/pid-RANK at its second step and D/exit-RANK at its end, `--fail-at N`
+has rank 1 raise at its N-th step of epoch 1, `--timeout T` and `--rank-logs` give
+devices(["cpu"], timeout=T, rank_logs=True).
 Every collective torch.distributed is asked for is counted, and rank 0 prints one
 JSON line: the steps of the first epoch and the collectives issued between its
 second step and its last (DDP's gradient reduction, made by its C++ reducer, is not
@@ -106,6 +108,7 @@ class Window:
     ) -> None:
         self.steps, self.interrupter, self.stop_at = steps, interrupter, stop_at
         self.slow, self.pids = slow, pids
+        self.fail_at: int | None = None
         self.first = self.last = None
         self.stopped: tuple[int, int] | None = None
 
@@ -123,6 +126,8 @@ class Window:
         rank = dist.get_rank() if dist.is_initialized() else 0
         if self.stop_at is not None and rank == 1 and event.iteration == self.stop_at:
             self.interrupter.stop("asked on rank 1")
+        if rank == 1 and (event.epoch, event.iteration) == (1, self.fail_at):
+            raise RuntimeError(f"a failure made on purpose at step {self.fail_at}")
 
 
 def main() -> int:
@@ -145,6 +150,9 @@ def main() -> int:
     parser.add_argument(
         "--record", help="each process appends the indices it reads to RECORD-RANK.txt"
     )
+    parser.add_argument("--fail-at", type=int, help="rank 1 raises at its N-th step of epoch 1")
+    parser.add_argument("--timeout", type=float, help='devices(["cpu"], timeout=TIMEOUT)')
+    parser.add_argument("--rank-logs", action="store_true", help="devices(..., rank_logs=True)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     count_collectives()
@@ -184,7 +192,11 @@ def main() -> int:
         builder = builder.checkpoint_every(steps=args.every)
     if args.preemption:
         builder = builder.preemption(args.preemption, requeue=True)
+    if args.timeout is not None or args.rank_logs:
+        timeout = args.timeout if args.timeout is not None else 300.0
+        builder = builder.devices(["cpu"], timeout=timeout, rank_logs=args.rank_logs)
     window = Window(steps, builder.interrupter(), args.stop_at, args.slow, args.pids)
+    window.fail_at = args.fail_at
     learner = builder.listener(window).build(Classifier(dropout=0.0), SgdConfig().init(), 0.1)
     model = learner.fit(train)
     group_kept = dist.is_initialized()

@@ -27,8 +27,9 @@ store (the c10d TCPStore), which a watchdog thread in every process reads:
   a parent-death signal set before the command runs, elsewhere by the watchdog).
 
 The package's modules: `joining` (joining the group, the device of each process),
-`group` (the `Distributed` object: collectives, a failure's account, leaving the
-group), `launch` (starting the ranks and copying their output), `watchdog` (the thread
+`meeting` (the store the processes meet at, within the timeout, each group's keys
+apart), `group` (the `Distributed` object: collectives, a failure's account, leaving
+the group), `launch` (starting the ranks and copying their output), `watchdog` (the thread
 that watches the board and the waits, and the `Health` it shares with the training
 thread), `failures` (failure records, the board in the store, the reports and the
 output of the ranks) and `where` (where a rank is: what it waits in, at which line and

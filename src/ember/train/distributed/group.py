@@ -310,10 +310,10 @@ class Distributed:
         if self.backend == "nccl":
             self.host_group = dist.new_group(backend="gloo")
 
-    def attach_board(self, number: int) -> None:
+    def attach_board(self, scope: str) -> None:
         """A store client of our own (the watchdog's calls never wait behind the
-        training thread's), under keys of this run, restart and group (`number`: how
-        many process groups this process joined, this one included)."""
+        training thread's), under the keys of this group (`scope`: its run, restart and
+        number, as `joining.group_scope` makes them)."""
         try:
             client = dist.TCPStore(
                 os.environ["MASTER_ADDR"],
@@ -322,9 +322,7 @@ class Distributed:
                 timeout=timedelta(seconds=30),
                 wait_for_workers=False,
             )
-            run = os.environ.get("TORCHELASTIC_RUN_ID", "")
-            restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            store = dist.PrefixStore(f"ember/{run}/{restart}/{number}/", client)
+            store = dist.PrefixStore(f"ember/{scope}board", client)
             self.health.board = Board(store, self.rank, self.world)
         except Exception as error:  # the run works without: failures are reported less well
             log.warning("Rank %d cannot reach the group's store (%s).", self.rank, error)

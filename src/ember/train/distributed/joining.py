@@ -19,6 +19,7 @@ from ember.errors import TrainingError
 from ember.train.distributed.failures import EXIT_ACCOUNT, RankLog, install_excepthook
 from ember.train.distributed.group import Distributed
 from ember.train.distributed.launch import LAUNCHER_VARIABLE, Child, end_started, launch_ranks
+from ember.train.distributed.meeting import JoinError, meet
 from ember.train.distributed.where import name_wait
 
 log = logging.getLogger("ember.train.distributed")  # the package's one logger
@@ -76,15 +77,18 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
             owns_group=not adopted,
         )
         context.launched_by = launched_by
-        number = next(_GROUPS)
+        scope = group_scope(ours)
         EXIT_ACCOUNT.explained.clear()
         context.listen_to_signals()
         if ours:
             context.start_watchdog()  # watch the started ranks (or our starter) from now on
         try:
             if not adopted:
+                store = meet(rank, world, timeout, scope, launched_by)
+                store.set_timeout(timedelta(seconds=timeout + _SLACK))
                 dist.init_process_group(
                     backend,
+                    store=store,
                     rank=rank,
                     world_size=world,
                     timeout=timedelta(seconds=timeout + _SLACK),
@@ -92,6 +96,8 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
         except Exception as error:
             report = context.health.exits(wait=2.0)
             context.close(failed=True)
+            if isinstance(error, JoinError):
+                raise JoinError(f"{error} {report}".rstrip()) from None
             raise TrainingError(
                 f"Joining the process group as rank {rank} of {world} failed: {error}. {report}"
             ) from error
@@ -99,7 +105,7 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
         # torch prefixes uncaught errors with the rank; the ranks ember starts are
         # prefixed by rank 0 already
         install_excepthook(hook if ours else sys.excepthook, prefix)
-        context.attach_board(number)
+        context.attach_board(scope)
         if not ours:
             context.start_watchdog()
         ember_log = logging.getLogger("ember")
@@ -121,6 +127,19 @@ def setup(devices: Sequence[torch.device] | None, timeout: float) -> Distributed
         launched_by,
     )
     return context
+
+
+def group_scope(ours: bool) -> str:
+    """The keys of the group this process joins in the store it meets the others at:
+    torchrun keeps its store across restarts (`--max-restarts`), and srun's or
+    Kubeflow's processes may make a second group at the same address, so each restart
+    and each group has keys of its own. The processes ember starts meet at a port
+    chosen for them alone (and rank 0 may have made groups before they were born)."""
+    number = next(_GROUPS)
+    if ours:
+        return ""
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return f"{run}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{number}/"
 
 
 def check_backend(backend: str, device: torch.device) -> str:

@@ -19,6 +19,9 @@ log = logging.getLogger("ember.train.distributed")  # the package's one logger
 _VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 LAUNCHER_VARIABLE = "EMBER_LAUNCHER_PID"
 """Set in the processes ember starts: the pid of the process that started them."""
+COPIED_FROM = "ember_rank"
+"""On a log record that copies the output of a process ember started: its rank (a
+rank's own log, `rank-N.log`, leaves such records out)."""
 
 
 @dataclass
@@ -153,6 +156,6 @@ def _forward(child: Child) -> None:
         line = raw.decode("utf-8", errors="replace").rstrip("\n")
         child.tail.append(line)
         if not child.logged:
-            log.info("[rank %d] %s", child.rank, line)
+            log.info("[rank %d] %s", child.rank, line, extra={COPIED_FROM: child.rank})
         sys.stderr.write(f"[rank {child.rank}] {line}\n")
     child.process.stderr.close()

@@ -4,6 +4,7 @@ the metric-line format.
 ```
 ARTIFACT_DIR/
 ├── experiment.log              human text (Python logging)
+├── rank-N.log                  each process's own log lines (`devices(..., rank_logs=True)`)
 ├── history.jsonl               exact epoch values, checkpoint epochs, outcome (history.py)
 ├── hparams.json                the run's hyperparameters, when given (run_record.py)
 ├── sessions.json               when each `fit` of the run started and ended (run_record.py)
@@ -58,6 +59,7 @@ _EPOCH_DIR = re.compile(r"^epoch-(\d+)$")
 _POINT_DIR = re.compile(r"^iteration-(\d+)$")
 _TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
 _STAGED_DIR = re.compile(r"^\.epoch-(\d+)\.next$")
+_RANK_LOG = re.compile(r"^rank-\d+\.log$")
 log = logging.getLogger(__name__)
 
 
@@ -130,6 +132,10 @@ class Artifacts:
     @property
     def experiment_log(self) -> Path:
         return self.root / "experiment.log"
+
+    def rank_log(self, rank: int) -> Path:
+        """`rank-N.log`: the log lines of the process of rank N (`rank_logs=True`)."""
+        return self.root / f"rank-{rank}.log"
 
     def memory_snapshot(self, rank: int = 0) -> Path:
         """`memory-snapshot.pickle`: PyTorch's CUDA memory snapshot, written when an
@@ -355,6 +361,7 @@ class Artifacts:
                     self.hparams,
                     self.sessions,
                     self.wandb_run,
+                    *(f for f in self.root.glob("rank-*.log") if _RANK_LOG.match(f.name)),
                 ):
                     file.unlink(missing_ok=True)
             return
