@@ -277,3 +277,19 @@ def test_a_torch_loader_with_workers_resumes_on_one_process(tmp_path):
     expected, got = weights(straight), weights(alone)
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_shuffled_torch_loader_read_as_it_is_then_dealt_is_warned_of(tmp_path):
+    """On one process a shuffled torch DataLoader keeps torch's own order; resumed inside
+    the epoch on two, ember deals it, in another order: the log says so."""
+    task = ("--batch", "8", "--loader", "plain")
+    stopped, two = tmp_path / "stopped", tmp_path / "two"
+    wait(run(stopped, 1, *task, "--steps", "7"))
+    wait(resumed(stopped, two, 2, *task))
+    log = (two / "experiment.log").read_text()
+    assert (
+        "The training loader shuffled with its own RandomSampler on the 1 process(es) that "
+        "wrote the checkpoint, and ember deals it now: the rest of epoch 1 follows another "
+        "order" in log
+    )

@@ -51,6 +51,23 @@ def training_plan(
                 "is not kept. Build the loader with ember.data.DataLoaderBuilder or a plain "
                 "torch DataLoader (shuffled or not) to keep it."
             )
+    data = learner.get("data")
+    sampler = plan.sampler
+    if (
+        moved
+        and resume.position.iteration
+        and isinstance(data, dict)
+        and data.get("seed") is None
+        and getattr(sampler, "seed", None) is not None
+        and sampler is not getattr(train, "sampler", None)
+    ):  # a shuffled torch loader read as it is by the launch that wrote the checkpoint
+        notes.append(
+            f"The training loader shuffled with its own {type(train.sampler).__name__} "  # type: ignore[attr-defined]
+            f"on the {before} process(es) that wrote the checkpoint, and ember deals it "
+            f"now: the rest of epoch {resume.position.epoch} follows another order, so some "
+            "samples are trained twice and others not at all. Build the loader with "
+            "ember.data.DataLoaderBuilder, or resume from a checkpoint at an epoch's end."
+        )
     checkpoints.layout = (
         {
             **noted.state(),
