@@ -121,6 +121,16 @@ def test_the_standard_recipe_trains_like_dataloaderbuilder(tmp_path, reference, 
     assert built["collectives"] == 0 and built["group_kept"] is False
 
 
+def test_a_checkpoint_by_time_and_a_time_limit_add_no_collective_per_step(tmp_path):
+    """Rank 0's clock decisions ride on the stop vote, every half second or so: over the
+    14 steps of the window (a few milliseconds each), at most the collectives of one
+    vote, where a decision broadcast at every step made 14 or more."""
+    limits = ("--every-minutes", "60", "--max-minutes", "60")
+    report = torchrun(tmp_path, "--loader", "builder", "--no-group", *limits)
+    assert report["outcome"] == "completed"
+    assert report["window"] == 14 and report["collectives"] <= 1
+
+
 def test_a_shuffled_loader_is_split_exactly_with_rank_0s_order(tmp_path):
     """ember gives a shuffled DataLoader a sampler of its own, shuffling with rank 0's
     seed: in each epoch the two processes read disjoint halves of the data, every

@@ -142,6 +142,8 @@ def main() -> int:
     parser.add_argument("--slow", type=float, default=0.0)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--every", type=int, help="checkpoint_every(steps=EVERY)")
+    parser.add_argument("--every-minutes", type=float, help="checkpoint_every(minutes=...)")
+    parser.add_argument("--max-minutes", type=float, help="max_time(minutes=...)")
     parser.add_argument("--auto", action="store_true", help='checkpoint("auto")')
     parser.add_argument("--preemption", help="SIGUSR1 or SIGTERM: preemption(signal, requeue=True)")
     parser.add_argument(
@@ -190,6 +192,10 @@ def main() -> int:
         builder = builder.checkpoint("auto")
     if args.every:
         builder = builder.checkpoint_every(steps=args.every)
+    if args.every_minutes:
+        builder = builder.checkpoint_every(minutes=args.every_minutes)
+    if args.max_minutes:
+        builder = builder.max_time(minutes=args.max_minutes)
     if args.preemption:
         builder = builder.preemption(args.preemption, requeue=True)
     if args.timeout is not None or args.rank_logs:

@@ -126,16 +126,19 @@ class Distributed:
         self.health.progress += 1
         return bool(tensor.item())
 
-    def vote(self, code: int, seconds: float) -> tuple[int, float]:
-        """The largest `code` (an int below 2**53) and the most `seconds` any rank gives,
-        in one all-reduce of host memory (over a gloo group of its own under NCCL, so
-        the vote never waits for the device)."""
+    def vote(
+        self, code: int, seconds: float, flags: tuple[float, ...] = ()
+    ) -> tuple[int, float, tuple[float, ...]]:
+        """The largest `code` (an int below 2**53), the most `seconds` and the largest of
+        each of `flags` any rank gives, in one all-reduce of host memory (over a gloo
+        group of its own under NCCL, so the vote never waits for the device)."""
         self.health.progress += 1
-        tensor = torch.tensor([float(code), float(seconds)], dtype=torch.float64)
+        values = [float(code), float(seconds), *map(float, flags)]
+        tensor = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.host_group)
         self.health.progress += 1
-        most_code, most = tensor.tolist()
-        return int(most_code), most
+        most_code, most, *largest = tensor.tolist()
+        return int(most_code), most, tuple(largest)
 
     def sum(self, value: torch.Tensor) -> torch.Tensor:
         """The sum over every rank of a float32 scalar `value` (one all-reduce)."""

@@ -124,7 +124,7 @@ def end_epoch(parts: FitParts, state: FitState, values: EpochValues) -> Outcome 
     reason = None
     stop = parts.options.interrupter.should_stop()
     if dist is not None:  # collective: every process decides alike, for the same reason
-        stop, _ = agree_stop(dist, parts.options.interrupter, options.preemption)
+        stop, _, _ = agree_stop(dist, parts.options.interrupter, options.preemption)
     if stop:
         reason = stop_reason(parts)
     elif options.early_stopping is not None:

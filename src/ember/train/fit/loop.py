@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 from ember.errors import TrainingError
 from ember.train.events import StartEpoch
@@ -33,6 +33,8 @@ class TrainLoop:
         self.parts, self.state = parts, state
         self.stepper = Stepper(parts, state)
         self.vote = StopVote()
+        self.uneven = False
+        """The processes end the current epoch after different numbers of batches."""
         """When several processes agree on a stop."""
         self.saved_at: tuple[int, int] | None = None
         """The epoch and iteration of the last checkpoint taken inside an epoch."""
@@ -98,6 +100,7 @@ class TrainLoop:
         steady = self.quiet and plan.single and stepper.plain
         # DDP keeps answering the others' reductions only where a process runs out of
         # batches before them (each forward then takes a collective of its own)
+        self.uneven = plan.uneven
         joined = join(parts.wrapped) if plan.uneven else contextlib.nullcontext()
         with ranks.join() if ranks is not None else joined:  # collective at exit
             while not stop:
@@ -157,17 +160,28 @@ class TrainLoop:
         ):
             return True  # early stopping, counting validation points
         cadence, every = parts.options.cadence, parts.options.checkpoint_every
+        # the epoch's last step, alike on every process (uneven shards end apart)
+        last = state.iteration == total and (dist is None or not self.uneven)
+        on_vote = dist is not None and voted is None  # rank 0's clock rides on the vote
+        save = False
         if cadence is not None or every is not None:  # checkpoint_every, max_time
-            last = state.iteration == total
             save = cadence is not None and cadence.after_step(
-                state.epoch, step.may_vote, last, dist, interrupter
-            )  # collective: rank 0's clock
+                state.epoch, step.may_vote, last, dist, interrupter, on_vote
+            )  # collective only when the steps are voted on one by one (tokens)
             if every is not None and not last and (dist is None or step.may_vote):
                 save = crossed(every, before, length.counters) or save
-            if save:
-                self.save_mid_epoch(flush=True)
+        timed = on_vote and cadence is not None and cadence.timed
+        if save and not timed:
+            self.save_mid_epoch(flush=True)
         if voted is not None or dist is not None:
-            stop = self.stop_requested(step, voted)  # collective
+            main = dist is None or dist.main
+            flags = (lambda: cadence.clock_flags(main)) if timed else None  # type: ignore[union-attr]
+            stop = self.stop_requested(step, voted, flags)  # collective at the votes
+            if timed and step.may_vote and self.vote.agreed is not None:
+                save = cadence.agreed(self.vote.agreed, last, interrupter) or save  # type: ignore[union-attr]
+                stop = stop or cadence.expired  # type: ignore[union-attr]
+            if save and timed:
+                self.save_mid_epoch(flush=True)
         else:
             stop = interrupter.requested
         if stop:
@@ -176,7 +190,9 @@ class TrainLoop:
             parts.checkpoints.check()  # a background write's failure
         return False
 
-    def stop_requested(self, step: Step, voted: bool | None = None) -> bool:
+    def stop_requested(
+        self, step: Step, voted: bool | None = None, flags: Callable[[], Any] | None = None
+    ) -> bool:
         """A graceful stop after this step; several processes stop at the same step,
         while every one of them still has batches. `voted`: the processes already
         agreed with the step's token count (`RunLength.advance`); a time limit reached
@@ -194,7 +210,9 @@ class TrainLoop:
         if cadence is not None and cadence.expired:  # agreed already (rank 0's clock)
             return True
         # at the steps every process votes at (`StopVote`), for the same reason on all
-        return self.vote.agree(dist, interrupter, options.preemption) if step.may_vote else False
+        if not step.may_vote:
+            return False
+        return self.vote.agree(dist, interrupter, options.preemption, flags)
 
     def save_mid_epoch(self, flush: bool = False) -> None:
         """Checkpoint inside the epoch, with the metric log lines and epoch states so far

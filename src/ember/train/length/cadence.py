@@ -6,8 +6,12 @@ end's included): the same mid-epoch checkpoint a stop writes, under the same ret
 that `checkpoint("latest" | "auto")` resumes exactly. `LearnerBuilder.max_time(...)`
 stops the run at the first step boundary past its wall time, with a checkpoint; the
 outcome is "stopped: time limit ..." (`StopReason.TIME_LIMIT`) and the exit code 75.
-Under several processes rank 0's clock decides and the decision is broadcast, at a
-step every process has (as the stop vote).
+Under several processes each counts the steps alike and decides a checkpoint by steps
+itself; rank 0's clock decides a checkpoint by time and the time limit, and its
+decisions ride on the processes' stop vote (`StopVote`), so they cost no collective of
+their own: they are taken at most about `stop_vote.INTERVAL` seconds (or one step)
+after they are due, at a step every process has. Where the steps are voted on one by
+one anyway (counting tokens), rank 0's decisions are broadcast at each step.
 """
 
 from __future__ import annotations
@@ -80,12 +84,25 @@ class Cadence:
         self._started = self._saved_at = self.clock()
         self._count, self._epoch, self.expired = 0, None, False
 
+    @property
+    def timed(self) -> bool:
+        """Some of its decisions read the clock (a checkpoint by time, a time limit)."""
+        return self.seconds is not None or self.limit is not None
+
     def after_step(
-        self, epoch: int, may_vote: bool, last: bool, dist: Any, interrupter: Any
+        self,
+        epoch: int,
+        may_vote: bool,
+        last: bool,
+        dist: Any,
+        interrupter: Any,
+        on_vote: bool = False,
     ) -> bool:
         """A step of `epoch` is done (`last`: the epoch's last, whose end checkpoints
-        anyway); True when a mid-epoch checkpoint is due now. Past the time limit, the
-        interrupter is asked to stop (on every process at the same step)."""
+        anyway, the same on every process); True when a mid-epoch checkpoint is due now.
+        Past the time limit, the interrupter is asked to stop (on every process at the
+        same step). `on_vote`: several processes whose clock decisions ride on the stop
+        vote (`clock_flags`, `agreed`); this step then decides by its steps alone."""
         if epoch != self._epoch:  # a new epoch follows the previous one's checkpoint
             self._epoch, self._count, self._saved_at = epoch, 0, self.clock()
         self._count += 1
@@ -93,8 +110,29 @@ class Cadence:
             return False
         if dist is None:
             save, expired = self._decide(last)
-        else:  # rank 0 decides for everyone (its clock; its `last`, as uneven shards differ)
+        elif on_vote:  # every process counts the same steps
+            save, expired = self.steps is not None and self._count >= self.steps and not last, False
+        else:  # rank 0 decides for everyone, at this step (its clock)
             save, expired = dist.broadcast(self._decide(last) if dist.main else None)
+        return self._take(save, expired, interrupter)
+
+    def clock_flags(self, main: bool) -> tuple[float, float]:
+        """What this process's clock says, for the stop vote to carry: a checkpoint due by
+        time, the time limit reached (rank 0's; the others say nothing)."""
+        if not main:
+            return 0.0, 0.0
+        now = self.clock()
+        due = self.seconds is not None and now - self._saved_at >= self.seconds
+        expired = self.limit is not None and now - self._started >= self.limit
+        return float(due), float(expired)
+
+    def agreed(self, flags: tuple[float, ...], last: bool, interrupter: Any) -> bool:
+        """The vote after this step carried rank 0's `clock_flags`: True when a
+        checkpoint is due now (`last` as in `after_step`)."""
+        due, expired = flags
+        return self._take(bool(due) and not last, bool(expired), interrupter)
+
+    def _take(self, save: bool, expired: bool, interrupter: Any) -> bool:
         if expired:
             self.expired = True
             interrupter.stop(self.limit_text)

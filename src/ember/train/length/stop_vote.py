@@ -72,14 +72,15 @@ def take_stop(code: int, interrupter: Any, rank: int) -> None:
 
 
 def agree_stop(
-    dist: Any, interrupter: Any, preemption: Any, seconds: float = 0.0
-) -> tuple[bool, float]:
+    dist: Any, interrupter: Any, preemption: Any, seconds: float = 0.0, flags: Any = ()
+) -> tuple[bool, float, tuple[float, ...]]:
     """One vote (a collective): whether any process asked to stop, each then taking the
-    winning request as its own (`take_stop`), and the most `seconds` any gave."""
-    code, most = dist.vote(stop_code(interrupter, preemption, dist.rank), seconds)
+    winning request as its own (`take_stop`), the most `seconds` any gave, and the
+    largest of each of `flags` (rank 0's clock decisions ride on it: `Cadence`)."""
+    code, most, largest = dist.vote(stop_code(interrupter, preemption, dist.rank), seconds, flags)
     if code:
         take_stop(code, interrupter, dist.rank)
-    return code > 0, most
+    return code > 0, most, largest
 
 
 class StopVote:
@@ -98,21 +99,32 @@ class StopVote:
         self._voted_at = 0
         self.votes = 0
         """Votes taken in this fit."""
+        self.agreed: tuple[float, ...] | None = None
+        """What the last step's vote carried besides the stop (None: it did not vote)."""
 
     def start_epoch(self) -> None:
         """A new epoch: its first step votes (the processes may have spent different
         times since, validating or checkpointing)."""
         self._count, self._next, self._voted_at = 0, 1, 0
 
-    def agree(self, dist: Any, interrupter: Any, preemption: Any) -> bool:
+    def agree(
+        self, dist: Any, interrupter: Any, preemption: Any, flags: Callable[[], Any] | None = None
+    ) -> bool:
         """After a step every process has: True on every process when one of them asked
         to stop by the last vote due (this step's, when it is one); each then stops for
-        the same reason (`agree_stop`)."""
+        the same reason (`agree_stop`). `flags`: what else the vote carries (`Cadence`'s
+        clock decisions on rank 0), read when a vote is due; the agreed values are then
+        in `agreed` (None after a step that did not vote)."""
         self._count += 1
+        self.agreed = None
         if self._count < self._next:
             return False
         now = self.clock()
-        stop, elapsed = agree_stop(dist, interrupter, preemption, now - self._since)
+        carried = flags() if flags is not None else ()
+        stop, elapsed, agreed = agree_stop(
+            dist, interrupter, preemption, now - self._since, carried
+        )
+        self.agreed = agreed if flags is not None else None
         self.votes += 1
         steps = self._count - self._voted_at
         self._since, self._voted_at = now, self._count
