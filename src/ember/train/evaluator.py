@@ -140,7 +140,7 @@ class EvaluatorBuilder:
 
         if not isinstance(model, torch.nn.Module):
             raise ConfigError(f"build() needs a torch.nn.Module, got {type(model).__name__}.")
-        check_train_methods(model)  # eval() calls train(False) on every submodule
+        check_train_methods(model)  # the model.eval() call runs train(False) on every submodule
         device = self._device if self._device is not None else _model_device(model)
         model.to(device)
         return Evaluator(
