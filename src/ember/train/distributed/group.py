@@ -79,6 +79,8 @@ class Distributed:
         self.handler: logging.Handler | None = None
         """The `ember` log's handler of a rank other than 0, which has no experiment.log."""
         self._watchdog: threading.Thread | None = None
+        self._wakeup: int | None = None
+        """The write end of the signal pipe the watchdog waits on (`listen_to_signals`)."""
         self._on_sigterm: Any = None
 
     @property
@@ -288,7 +290,7 @@ class Distributed:
             os.close(read)
             os.close(write)
             return
-        self.health.signals = read
+        self.health.signals, self._wakeup = read, write
 
     def _stop_listening(self) -> None:
         health = self.health
@@ -298,7 +300,7 @@ class Distributed:
         for fd in (health.signals, write):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        health.signals = None
+        health.signals = self._wakeup = None
 
     def start_watchdog(self) -> None:
         """Start the thread that watches this rank's `health`."""
@@ -335,6 +337,9 @@ class Distributed:
         that failed themselves, which print their error; the others are stopped)."""
         self.health.finished = True
         self.health.stop.set()
+        if self._wakeup is not None:  # a watchdog waiting for signals sees the stop at once
+            with contextlib.suppress(OSError):
+                os.write(self._wakeup, b"\0")
         watchdog = self._watchdog
         # (a Ctrl-C inside the watchdog's start leaves a thread that never started, or
         # that sees the stop at once: only a running one is waited for)
