@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor
@@ -427,22 +427,3 @@ def _sized(value: Any) -> int | None:
         return len(value)
     except TypeError:
         return None
-
-
-def steps_to_reach(samples: int, per_step: Sequence[int]) -> tuple[int, int] | None:
-    """`(steps, epochs)`: the optimizer steps (and the epochs they span) from an epoch's
-    start until `samples` samples are done, each epoch's steps taking `per_step`; None
-    when an epoch has no samples."""
-    per_epoch = sum(per_step)
-    if per_epoch <= 0:
-        return None
-    if samples <= 0:
-        return 0, 0
-    whole = (samples - 1) // per_epoch  # epochs done before the one where it ends
-    left, steps = samples - whole * per_epoch, 0
-    for count in per_step:
-        steps += 1
-        left -= count
-        if left <= 0:
-            break
-    return whole * len(per_step) + steps, whole + 1

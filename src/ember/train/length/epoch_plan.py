@@ -12,7 +12,7 @@ names its column, whose random stream its forward draws from.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from ember.data.layout import Layout
 from ember.errors import TrainingError
@@ -205,3 +205,22 @@ class EpochPlan:
             first = self.start.iteration + done + 1
             yield Step(group, first, sizes, shares, items, may_vote, None, columns)
             done += len(group)
+
+
+def steps_to_reach(samples: int, per_step: Sequence[int]) -> tuple[int, int] | None:
+    """`(steps, epochs)`: the optimizer steps (and the epochs they span) from an epoch's
+    start until `samples` samples are done, each epoch's steps taking `per_step`; None
+    when an epoch has no samples."""
+    per_epoch = sum(per_step)
+    if per_epoch <= 0:
+        return None
+    if samples <= 0:
+        return 0, 0
+    whole = (samples - 1) // per_epoch  # epochs done before the one where it ends
+    left, steps = samples - whole * per_epoch, 0
+    for count in per_step:
+        steps += 1
+        left -= count
+        if left <= 0:
+            break
+    return whole * len(per_step) + steps, whole + 1

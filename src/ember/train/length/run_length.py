@@ -20,9 +20,9 @@ from typing import Any, Callable
 import torch
 
 from ember.errors import TrainingError
-from ember.train.length.batches import BatchPlanner, steps_to_reach
+from ember.train.length.batches import BatchPlanner
 from ember.train.length.duration import Counters, Duration, short_count
-from ember.train.length.epoch_plan import Step
+from ember.train.length.epoch_plan import Step, steps_to_reach
 from ember.train.length.position import Position
 
 
