@@ -145,6 +145,15 @@ class BatchPlanner:
             return None
         return [layout.stream(shard) for shard in layout.own(rank, world)]
 
+    def _dealt_plan(self, world: int, done: int) -> ShardPlan:
+        """The batches of `world` processes dealt by the layout, `done` samples into the
+        epoch (in whole steps under drop_last)."""
+        sampler, layout = self.sampler, self.layout
+        assert layout is not None
+        total = len(sampler.data_source)
+        total -= total % layout.global_batch if sampler.whole_steps else 0
+        return ShardPlan(layout, world, max(0, total - done), sampler.whole_steps)
+
     def _shard_plan(self, start: Position | None = None) -> ShardPlan | None:
         """Every process's batches of an epoch, from `start` (None: the whole epoch)."""
         sampler, loader = self.sampler, self.loader
@@ -152,11 +161,7 @@ class BatchPlanner:
             return None
         world = self.shard[1]
         if self.layout is not None:
-            whole = sampler.whole_steps
-            total = len(sampler.data_source)
-            total -= total % self.layout.global_batch if whole else 0
-            done = start.items if start is not None else 0
-            return ShardPlan(self.layout, world, max(0, total - done), whole)
+            return self._dealt_plan(world, start.items if start is not None else 0)
         size = int(loader.batch_size)  # type: ignore[attr-defined]
         sampler.shard(*self.shard)  # a sampler made for each process: as many each
         length = sampler.shard_lengths()[self.shard[0]]
@@ -303,10 +308,7 @@ class BatchPlanner:
         size, drop_last = getattr(loader, "batch_size", None), getattr(loader, "drop_last", False)
         plan = self._shard_plan()
         if plan is None and self.layout is not None:  # one process dealt by a layout
-            whole = self.sampler.whole_steps
-            total = len(self.sampler.data_source)
-            total -= total % self.layout.global_batch if whole else 0
-            plan = ShardPlan(self.layout, 1, total, whole)
+            plan = self._dealt_plan(1, 0)
         if plan is None:
             if not isinstance(size, int) or size < 1:
                 return None
